@@ -1,0 +1,78 @@
+"""w4a16 sessions. `nox -l` lists them; `nox` alone runs `tests`.
+
+Sessions run in a virtualenv that sees the system site packages, so a GPU machine keeps its own torch and
+triton (CUDA or ROCm builds); only a machine without torch gets the pinned CPU build below.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - nox's own interpreter on 3.10
+    import tomli as tomllib
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+# The one place the CPU torch is pinned: the CPU wheel these machines carry. GPU runners never install it.
+CPU_TORCH = "torch==2.13.0"
+# Only installed where no triton is importable (a ROCm torch brings its own pytorch-triton-rocm).
+CPU_TRITON = "triton==3.9.0"
+
+VENV = {"venv_backend": "venv", "venv_params": ["--system-site-packages"]}
+
+
+def _probe(session: nox.Session, code: str) -> str:
+    """Run a snippet in the session's python and return what it printed (stripped)."""
+    return session.run("python", "-c", code, silent=True, log=False).strip()
+
+
+def _extra_requirements(*extras: str) -> list[str]:
+    with open("pyproject.toml", "rb") as f:
+        optional = tomllib.load(f)["project"]["optional-dependencies"]
+    return [req for extra in extras for req in optional[extra]]
+
+
+def install(session: nox.Session, *extras: str) -> None:
+    """Install the package without touching an existing torch/triton, then the requested extras."""
+    have = _probe(
+        session,
+        "import importlib.util as u; print(','.join(m for m in ('torch', 'triton', 'numpy') if u.find_spec(m)))",
+    ).split(",")
+    if "torch" not in have:
+        session.install(CPU_TORCH)
+    if "triton" not in have:
+        session.install(CPU_TRITON)
+    session.install("--no-deps", "-e", ".")
+    requirements = _extra_requirements(*extras) + ([] if "numpy" in have else ["numpy"])
+    if requirements:
+        session.install(*requirements)
+
+
+def has_gpu(session: nox.Session) -> bool:
+    return _probe(session, "import torch; print(torch.cuda.is_available())") == "True"
+
+
+def print_toolchain(session: nox.Session) -> None:
+    session.run("python", "-m", "w4a16", "info")
+
+
+@nox.session(**VENV)
+def tests(session: nox.Session) -> None:
+    """Correctness tests against the fp reference (CPU: Triton interpreter; GPU: real kernels)."""
+    install(session, "test", "eval")
+    print_toolchain(session)
+    env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q"]), env=env)
+
+
+@nox.session(**VENV)
+def lint(session: nox.Session) -> None:
+    """ruff check and format check."""
+    session.install(*_extra_requirements("dev"))
+    session.run("ruff", "check", ".")

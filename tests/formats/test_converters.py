@@ -1,0 +1,135 @@
+"""Converters against an independent spelling of each checkpoint's bit layout, and round trips."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import w4a16
+from w4a16 import formats
+
+AWQ_SLOTS = [0, 2, 4, 6, 1, 3, 5, 7]  # slot i holds element AWQ_SLOTS[i]
+
+
+def _pack_words(values: torch.Tensor, slot_element) -> torch.Tensor:
+    """Pack the last dim, 8 per word, slot i <- element slot_element[i]; written with Python ints."""
+    rows, cols = values.shape
+    out = torch.empty(rows, cols // 8, dtype=torch.int32)
+    for r in range(rows):
+        for c in range(cols // 8):
+            word = sum(int(values[r, 8 * c + slot_element[i]]) << (4 * i) for i in range(8))
+            out[r, c] = word - (1 << 32) if word >= 1 << 31 else word
+    return out
+
+
+def _case(seed, n_words, k_groups, group_size, symmetric):
+    g = torch.Generator().manual_seed(seed)
+    n, k = 8 * n_words, group_size * k_groups
+    q = torch.randint(0, 16, (n, k), generator=g)
+    zeros = None if symmetric else torch.randint(1, 16, (n, k // group_size), generator=g)
+    scales = torch.rand(n, k // group_size, generator=g).half() + 0.01
+    return q, zeros, scales
+
+
+cases = dict(seed=st.integers(0, 2**31 - 1), n_words=st.integers(1, 3), k_groups=st.integers(1, 2),
+             group_size=st.sampled_from([32, 64, 128]), symmetric=st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(**cases)
+def test_awq_bits(seed, n_words, k_groups, group_size, symmetric):
+    q, zeros, scales = _case(seed, n_words, k_groups, group_size, symmetric)
+    z = torch.full_like(scales, 8, dtype=torch.int64) if zeros is None else zeros
+    qweight, qzeros = _pack_words(q.t(), AWQ_SLOTS), _pack_words(z.t(), AWQ_SLOTS)  # packed along N
+    qw = formats.from_awq(qweight, qzeros, scales.t().contiguous(), group_size)
+    assert torch.equal(w4a16.unpack_int4(qw.qweight).long(), q)
+    assert torch.equal(qw.zero_points().long(), z) and torch.equal(qw.scales, scales)
+    back = formats.to_awq(qw)
+    assert torch.equal(back["qweight"], qweight) and torch.equal(back["qzeros"], qzeros)
+    assert torch.equal(back["scales"], scales.t())
+
+
+@settings(max_examples=200, deadline=None)
+@given(**cases)
+def test_gptq_bits(seed, n_words, k_groups, group_size, symmetric):
+    q, zeros, scales = _case(seed, n_words, k_groups, group_size, symmetric)
+    z = torch.full_like(scales, 8, dtype=torch.int64) if zeros is None else zeros
+    qweight = _pack_words(q, list(range(8))).t().contiguous()  # [K // 8, N], packed along K
+    qzeros = _pack_words((z - 1).t(), list(range(8)))  # [K // G, N // 8], stored as z - 1
+    g_idx = torch.arange(q.shape[1]) // group_size
+    qw = formats.from_gptq(qweight, qzeros, scales.t().contiguous(), group_size, g_idx=g_idx)
+    assert torch.equal(w4a16.unpack_int4(qw.qweight).long(), q)
+    assert torch.equal(qw.zero_points().long(), z)
+    assert qw.symmetric == bool((z == 8).all())
+    back = formats.to_gptq(qw)
+    assert torch.equal(back["qweight"], qweight) and torch.equal(back["qzeros"], qzeros)
+    assert torch.equal(back["g_idx"].long(), g_idx)
+
+
+@settings(max_examples=200, deadline=None)
+@given(**cases)
+def test_compressed_tensors_bits(seed, n_words, k_groups, group_size, symmetric):
+    q, zeros, scales = _case(seed, n_words, k_groups, group_size, symmetric)
+    packed = _pack_words(q, list(range(8)))  # [N, K // 8], sequential along K
+    zp = None if zeros is None else _pack_words(zeros.t(), list(range(8))).t().contiguous()  # [N // 8, K // G]
+    shape = torch.tensor(q.shape)
+    qw = formats.from_compressed_tensors(packed, scales, shape, zp, group_size=group_size)
+    assert torch.equal(w4a16.unpack_int4(qw.qweight).long(), q)
+    assert qw.symmetric == symmetric
+    if zeros is not None:
+        assert torch.equal(qw.zeros.long(), zeros)
+    assert formats.from_compressed_tensors(packed, scales, shape, zp).group_size == group_size  # inferred
+    back = formats.to_compressed_tensors(qw)
+    assert torch.equal(back["weight_packed"], packed) and torch.equal(back["weight_shape"], shape)
+    assert (zp is None) == ("weight_zero_point" not in back)
+    if zp is not None:
+        assert torch.equal(back["weight_zero_point"], zp)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_every_format_dequantizes_to_the_same_weights(symmetric, generator):
+    w = torch.randn(32, 256, generator=generator).half()
+    qw = w4a16.quantize(w, 64, symmetric)
+    if not symmetric:  # GPTQ v1 cannot store z = 0
+        qw = w4a16.QuantizedWeight(qw.qweight, qw.scales, qw.zeros.clamp(min=1), 64)
+    expected = w4a16.dequantize(qw)
+    a, g, c = formats.to_awq(qw), formats.to_gptq(qw), formats.to_compressed_tensors(qw)
+    converted = [
+        formats.from_awq(a["qweight"], a["qzeros"], a["scales"], 64),
+        formats.from_gptq(g["qweight"], g["qzeros"], g["scales"], 64, g["g_idx"]),
+        formats.from_compressed_tensors(c["weight_packed"], c["weight_scale"], c["weight_shape"],
+                                        c.get("weight_zero_point"), group_size=64),
+    ]
+    for other in converted:
+        assert torch.equal(w4a16.dequantize(other), expected)
+
+
+def _awq_parts(k=128, n=16, g=64):
+    return torch.zeros(k, n // 8, dtype=torch.int32), torch.zeros(k // g, n // 8, dtype=torch.int32), torch.ones(k // g, n).half()
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: formats.from_awq(*_awq_parts(k=96), 64), ValueError, "K=96 must be a multiple of group_size=64"),
+        (lambda: formats.from_awq(torch.zeros(128, 2), *_awq_parts()[1:], 64), TypeError, "qweight must be an int32"),
+        (lambda: formats.from_awq(*_awq_parts()[:2], torch.ones(2, 8).half(), 64), ValueError, r"scales must have shape \[K // G, N\]"),
+        (lambda: formats.from_gptq(torch.zeros(16, 16, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32),
+                                   torch.ones(2, 16).half(), 64, g_idx=torch.arange(128).flip(0) // 64),
+         ValueError, "act-order"),
+        (lambda: formats.from_gptq(torch.zeros(16, 16, dtype=torch.int32), torch.full((2, 2), -1, dtype=torch.int32),
+                                   torch.ones(2, 16).half(), 64), ValueError, "zero point 16"),
+        (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
+                                                 (16, 256)), ValueError, r"weight_packed must have shape"),
+        (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 3).half(),
+                                                 (16, 128)), ValueError, "cannot infer group_size"),
+        (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
+                                                 (16, 128), group_size=32), ValueError, "weight_scale must have shape"),
+        (lambda: formats.to_gptq(w4a16.QuantizedWeight(torch.zeros(8, 16, dtype=torch.int32), torch.ones(8, 1).half(),
+                                                       torch.zeros(8, 1, dtype=torch.int32), 128)),
+         ValueError, "zero point 0 cannot be represented"),
+    ],
+)
+def test_converters_reject_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

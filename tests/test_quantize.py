@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+import w4a16
+from w4a16.layout import GROUP_SIZES
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_round_to_nearest_error_is_within_half_a_step(symmetric, group_size, dtype, generator):
+    w = (torch.randn(24, 4 * group_size, generator=generator) * 0.05).to(dtype)
+    qw = w4a16.quantize(w, group_size=group_size, symmetric=symmetric)
+    assert qw.symmetric == symmetric and qw.scales.dtype == dtype and qw.group_size == group_size
+    err = (w4a16.dequantize(qw) - w.float()).abs().reshape(24, -1, group_size)
+    step = qw.scales.float().unsqueeze(-1)
+    # RTN: half a step, plus the clamp at the symmetric top edge and the scale's own rounding.
+    assert (err <= step * (0.5 if not symmetric else 1.0) + 1e-6 + w.float().abs().reshape(err.shape) * 2**-7).all()
+    assert err.mean() < 0.3 * step.mean()
+
+
+def test_quantize_uses_the_whole_code_range(generator):
+    w = torch.randn(64, 256, generator=generator)
+    for symmetric in (True, False):
+        q = w4a16.unpack_int4(w4a16.quantize(w, 128, symmetric).qweight)
+        assert q.min() == 0 and q.max() == 15
+
+
+def test_all_zero_groups_dequantize_to_zero():
+    w = torch.zeros(8, 128)
+    for symmetric in (True, False):
+        assert torch.equal(w4a16.dequantize(w4a16.quantize(w, 128, symmetric)), w)
+
+
+@pytest.mark.parametrize(
+    "w, group_size, error, match",
+    [
+        (torch.zeros(8, 128, dtype=torch.int32), 128, TypeError, "floating-point"),
+        (torch.zeros(128), 128, ValueError, "2-D"),
+        (torch.zeros(8, 192), 128, ValueError, "K=192 must be a multiple of group_size=128"),
+        (torch.zeros(8, 128), 96, ValueError, "group_size must be one of"),
+        (torch.full((8, 128), float("nan")), 128, ValueError, "NaN"),
+    ],
+)
+def test_quantize_rejects_bad_input(w, group_size, error, match):
+    with pytest.raises(error, match=match):
+        w4a16.quantize(w, group_size=group_size)

@@ -1,0 +1,64 @@
+import pytest
+import torch
+from w4a16_testing import random_weight
+
+import w4a16
+from w4a16.layout import GROUP_SIZES
+
+
+def _float64_gemm(x, qw, bias):
+    """An independent spelling of the spec in float64: per-element loops over the packed words."""
+    words = qw.qweight.to(torch.int64) & 0xFFFFFFFF
+    k = torch.arange(qw.k)
+    shifts = (k % 8 // 2) * 4 + (k % 8 % 2) * 16
+    q = (words[:, k // 8] >> shifts) & 0xF
+    z = 8 if qw.zeros is None else qw.zeros.to(torch.int64)[:, k // qw.group_size]
+    w = (q - z).double() * qw.scales.double()[:, k // qw.group_size]
+    y = x.double() @ w.t()
+    return y if bias is None else y + bias.double()
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_reference_gemm_matches_float64(symmetric, group_size, with_bias, generator):
+    qw = random_weight(40, 2 * group_size, group_size, symmetric, torch.float32, generator=generator)
+    x = torch.randn(3, 5, qw.k, generator=generator)
+    bias = torch.randn(qw.n, generator=generator) if with_bias else None
+    y = w4a16.reference_gemm(x, qw, bias)
+    assert y.shape == (3, 5, 40) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), _float64_gemm(x.reshape(-1, qw.k), qw, bias).reshape(3, 5, 40),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reference_gemm_returns_the_activation_dtype(dtype, generator):
+    qw = random_weight(16, 128, 128, True, dtype, generator=generator)
+    x = torch.randn(2, 128, generator=generator).to(dtype)
+    y = w4a16.reference_gemm(x, qw)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.double(), _float64_gemm(x, qw, None), rtol=2**-7, atol=1e-2)
+
+
+def test_dequantize_subtracts_zero_then_scales():
+    q = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 15] * 4])
+    zeros = torch.tensor([[3]])
+    qw = w4a16.QuantizedWeight(w4a16.pack_int4(q), torch.tensor([[0.5]]), zeros, group_size=32)
+    assert torch.equal(w4a16.dequantize(qw), ((q - 3) * 0.5).float())
+    sym = w4a16.QuantizedWeight(w4a16.pack_int4(q), torch.tensor([[2.0]]), None, group_size=32)
+    assert torch.equal(w4a16.dequantize(sym, torch.float16), ((q - 8) * 2.0).half())
+
+
+@pytest.mark.parametrize(
+    "make_args, error, match",
+    [
+        (lambda qw: (torch.zeros(2, 64), qw, None), ValueError, "last dim must equal K=128"),
+        (lambda qw: (torch.zeros(2, 128, dtype=torch.int32), qw, None), TypeError, "x must be a float16"),
+        (lambda qw: (torch.zeros(2, 128), qw, torch.zeros(3)), ValueError, r"bias must be a tensor of shape \[N\]"),
+        (lambda qw: (torch.zeros(2, 128), "weight", None), TypeError, "qw must be a QuantizedWeight"),
+    ],
+)
+def test_reference_gemm_rejects_bad_input(make_args, error, match):
+    qw = random_weight(16, 128, 128, True, torch.float32)
+    with pytest.raises(error, match=match):
+        w4a16.reference_gemm(*make_args(qw))

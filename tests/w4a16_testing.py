@@ -1,0 +1,66 @@
+"""Test helpers: the tolerance rule, random data, and skips that CI turns into failures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import w4a16
+from w4a16.reference import dequantize
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# Relative floor per activation dtype: one unit in the last place, relative to the largest output.
+RELATIVE_FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-20}
+# The rule of DESIGN.md: the kernel may be at most this many times worse than torch's own matmul in the
+# activation dtype on the same dequantized weights (both measured against the fp32 reference).
+TORCH_ERROR_FACTOR = 2.0
+
+
+def require_tool(available: bool, reason: str) -> None:
+    """Skip when a build tool is missing, except under CI=true, where a missing tool is a failure."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and a required tool is missing: {reason}")
+    pytest.skip(reason)
+
+
+def random_weight(n: int, k: int, group_size: int, symmetric: bool, dtype: torch.dtype, device="cpu",
+                  generator: torch.Generator | None = None) -> w4a16.QuantizedWeight:
+    """A random QuantizedWeight with every nibble and zero-point value in play and no zero scales."""
+    q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.int32)
+    groups = k // group_size
+    scales = (torch.rand(n, groups, generator=generator) * 0.02 + 0.002).to(dtype)
+    zeros = None if symmetric else torch.randint(0, 16, (n, groups), generator=generator, dtype=torch.uint8)
+    return w4a16.QuantizedWeight(w4a16.pack_int4(q), scales, zeros, group_size).to(device)
+
+
+def random_activation(m: int, k: int, dtype: torch.dtype, device="cpu",
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    return torch.randn(m, k, generator=generator).to(dtype=dtype, device=device)
+
+
+def assert_matches_reference(out: torch.Tensor, x: torch.Tensor, qw: w4a16.QuantizedWeight,
+                             bias: torch.Tensor | None = None) -> None:
+    """Check `out` against the fp32 reference with the tolerance rule; report counts and first indices."""
+    assert out.dtype == x.dtype, f"output dtype {out.dtype} != activation dtype {x.dtype}"
+    expected_shape = (*x.shape[:-1], qw.n)
+    assert tuple(out.shape) == expected_shape, f"output shape {tuple(out.shape)} != {expected_shape}"
+    ref = w4a16.reference_gemm(x.to(torch.float32), qw.to(dtype=torch.float32),
+                               None if bias is None else bias.to(torch.float32))
+    w = dequantize(qw, x.dtype)
+    plain = x @ w.t() if bias is None else x @ w.t() + bias.to(x.dtype)
+    plain_err = (plain.to(torch.float32) - ref).abs().max().item() if ref.numel() else 0.0
+    bound = TORCH_ERROR_FACTOR * plain_err + RELATIVE_FLOOR[x.dtype] * ref.abs().max().item()
+    err = (out.to(torch.float32) - ref).abs()
+    bad = ~(err <= bound)  # NaN/inf compare false and are counted as bad
+    if bad.any():
+        idx = bad.nonzero()[:5].tolist()
+        raise AssertionError(
+            f"{int(bad.sum())} of {bad.numel()} outputs off by more than {bound:.3g} "
+            f"(torch {x.dtype} matmul error {plain_err:.3g}); max error {err.nan_to_num(float('inf')).max().item():.3g}; "
+            f"first at {idx}: got {[out[tuple(i)].item() for i in idx]}, want {[ref[tuple(i)].item() for i in idx]}"
+        )

@@ -1,0 +1,47 @@
+"""Round-to-nearest quantization into the shared layout, one scale (and zero point) per group of G along K.
+
+symmetric (uint4b8):  s = max|w| / 7.5,            q = clamp(round(w / s) + 8, 0, 15)
+asymmetric (uint4):   s = (max(w, 0) - min(w, 0)) / 15, z = clamp(round(-min(w, 0) / s), 0, 15),
+                      q = clamp(round(w / s) + z, 0, 15)
+The range includes 0 so that z lands in 0..15; q is computed from the scale as stored (rounded to its
+dtype), so dequantize() reproduces exactly what was rounded against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import SYMMETRIC_ZERO, QuantizedWeight, check_group_size, pack_int4
+
+
+def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> QuantizedWeight:
+    """Quantize a float weight [N, K] (nn.Linear layout) to 4 bits; scales keep w's dtype (fp32 for fp64)."""
+    if not isinstance(w, torch.Tensor) or not w.dtype.is_floating_point:
+        got = w.dtype if isinstance(w, torch.Tensor) else type(w).__name__
+        raise TypeError(f"w must be a floating-point tensor [N, K], got {got}")
+    if w.dim() != 2:
+        raise ValueError(f"w must be 2-D [N, K], got shape {tuple(w.shape)}")
+    check_group_size(group_size)
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"K={k} must be a multiple of group_size={group_size}")
+    if not torch.isfinite(w).all():
+        raise ValueError("w contains NaN or inf; cannot quantize it")
+    scale_dtype = w.dtype if w.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
+    groups = w.detach().to(torch.float32).reshape(n, k // group_size, group_size)
+    if symmetric:
+        scale = groups.abs().amax(dim=-1) / 7.5
+    else:
+        lo = groups.amin(dim=-1).clamp(max=0)
+        hi = groups.amax(dim=-1).clamp(min=0)
+        scale = (hi - lo) / 15
+    # An all-zero group gets scale 1: any q dequantizes to 0 with q == z.
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(scale_dtype)
+    stored = scale.to(torch.float32).unsqueeze(-1)
+    if symmetric:
+        zero = torch.full_like(stored, SYMMETRIC_ZERO)
+    else:
+        zero = torch.round(-lo.unsqueeze(-1) / stored).clamp(0, 15)
+    q = torch.clamp(torch.round(groups / stored) + zero, 0, 15).to(torch.uint8).reshape(n, k)
+    zeros = None if symmetric else zero.squeeze(-1).to(torch.uint8)
+    return QuantizedWeight(pack_int4(q), scale, zeros, group_size)
