@@ -8,6 +8,7 @@ from . import formats
 from .arch import arch, normalize_arch
 from .dispatch import gemm
 from .layout import QuantizedWeight, pack_int4, unpack_int4
+from .linear import W4A16Linear
 from .quantize import quantize
 from .reference import dequantize, reference_gemm
 
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "QuantizedWeight",
+    "W4A16Linear",
     "arch",
     "dequantize",
     "formats",

@@ -1,20 +1,277 @@
-"""The hybrid GEMM entry point: route each call to the skinny kernel, the Triton kernel or the reference."""
+"""The hybrid GEMM entry point: route each call to the skinny kernel, the Triton kernel, dequant + BLAS, or the reference.
+
+The rule (DESIGN.md, "The hybrid dispatch"), for x flattened to M rows of K:
+
+    skinny        if the skinny op runs on this device and dtype, 1 <= M <= skinny_max_m and K * M fits the
+                  kernel's on-chip staging (skinny_staging_elements)
+    dequant_blas  else, if the route exists for this device and the arch's table sets dequant_blas_min_m <= M
+    triton        else, if the Triton kernel runs on this device
+    reference     otherwise (CPU, fp32 activations, no GPU kernel for the device)
+
+The per-arch numbers have one owner each and are only read here: `w4a16.skinny.limits(arch)` gives
+(skinny_max_m, skinny_staging_elements), the same constants its host check and device code use; the Triton table
+`w4a16/triton/configs/<arch>.json` gives `dequant_blas_min_m` (absent or null: the route is never chosen
+automatically). `rules(arch)` collects them and `decide(...)` is the pure decision, testable on any machine.
+
+The op is registered with torch.library as `w4a16::gemm` (tensors only, a fake implementation for tracing), so it
+works under torch.compile(fullgraph=True) and inside CUDA-graph capture: nothing in the call path synchronises
+with the device. The kernels read scales and bias in the activation dtype; `gemm` refuses a mismatch (with the
+fix in the message) instead of casting per call, and `W4A16Linear` keeps them in its dtype.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
 import torch
 
+from .arch import arch
 from .layout import QuantizedWeight
 from .reference import check_gemm_args, reference_gemm
 
-BACKENDS = ("auto", "reference")
+BACKENDS = ("auto", "skinny", "triton", "dequant_blas", "reference")
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class DispatchRules:
+    """The per-arch numbers of the hybrid rule (read from their owners by `rules`)."""
+
+    arch: str
+    skinny_max_m: int  # most activation rows the skinny kernel takes (0: no skinny kernel for this arch)
+    skinny_staging_elements: int  # bound on K * M, the activation elements staged in shared memory / LDS
+    dequant_blas_min_m: int | None  # dequant + BLAS from this M up; None: never chosen by "auto"
+
+    def skinny_fits(self, m: int, k: int) -> bool:
+        return 1 <= m <= self.skinny_max_m and k * m <= self.skinny_staging_elements
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The backend modules, imported lazily: `import w4a16` must not import triton or load the C++ extension.
+
+
+def _module(name: str) -> tuple[ModuleType | None, str | None]:
+    try:
+        return importlib.import_module(name), None
+    except ImportError as exc:
+        return None, f"{name} is not importable ({type(exc).__name__}: {exc})"
+
+
+@functools.cache
+def rules(arch_name: str) -> DispatchRules:
+    """The dispatch numbers for a normalised arch name, read from the skinny module and the Triton table."""
+    max_m, staging = 0, 0
+    skinny, _ = _module("w4a16.skinny")
+    if skinny is not None and arch_name != "cpu":
+        try:
+            max_m, staging = (int(v) for v in skinny.limits(arch_name))
+        except (KeyError, ValueError):  # no skinny build for this arch: the route is off
+            max_m, staging = 0, 0
+    return DispatchRules(arch_name, max_m, staging, _dequant_blas_min_m(arch_name))
+
+
+def _dequant_blas_min_m(arch_name: str) -> int | None:
+    """`dequant_blas_min_m` of the arch's Triton table (its owner, w4a16.triton, measures it with the tuner)."""
+    configs, _ = _module("w4a16.triton.configs")
+    if configs is None or arch_name == "cpu" or not hasattr(configs, "dequant_blas_min_m"):
+        return None
+    return configs.dequant_blas_min_m(arch_name)
+
+
+def decide(m: int, k: int, rules: DispatchRules, *, skinny: bool, triton: bool, dequant_blas: bool) -> str:
+    """The hybrid rule for M rows of K, given which backends can run (pure: no device, no imports)."""
+    if skinny and rules.skinny_fits(m, k):
+        return "skinny"
+    if dequant_blas and rules.dequant_blas_min_m is not None and m >= rules.dequant_blas_min_m:
+        return "dequant_blas"
+    if triton:
+        return "triton"
+    return "reference"
+
+
+def _uncached_unavailable_reason(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    if backend == "reference":
+        return None
+    if dtype not in KERNEL_DTYPES:
+        return f"the {backend} kernel takes float16 or bfloat16 activations, got {dtype}"
+    name, entry = ("w4a16.skinny", "skinny_gemm") if backend == "skinny" else (
+        "w4a16.triton", "triton_gemm" if backend == "triton" else "dequant_blas_gemm")
+    module, reason = _module(name)
+    if module is None:
+        return reason
+    for attr in (entry, "unavailable_reason"):
+        if not hasattr(module, attr):
+            return f"{name} has no {attr}() in this version"
+    return module.unavailable_reason(device, dtype) if backend == "skinny" else module.unavailable_reason(device)
+
+
+@functools.cache
+def _cached_unavailable_reason(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    return _uncached_unavailable_reason(backend, device, dtype)
+
+
+def unavailable_reason(backend: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """None when `backend` can run on `device` for activations of `dtype`, else why not (one sentence)."""
+    if backend not in BACKENDS or backend == "auto":
+        raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {backend!r}")
+    device = torch.device(device)
+    # GPU answers cannot change within a process (the extension loads or not); CPU answers may depend on
+    # TRITON_INTERPRET, so they are not cached.
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return _cached_unavailable_reason(backend, device, dtype)
+    return _uncached_unavailable_reason(backend, device, dtype)
+
+
+@functools.cache
+def _device_arch(device: torch.device) -> str:
+    return arch(device)
+
+
+def choose_backend(m: int, k: int, dtype: torch.dtype, device: torch.device | str) -> str:
+    """The backend "auto" uses for M rows of K on `device` (CPU, or no kernel for it: "reference")."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "reference"
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    available = {b: unavailable_reason(b, device, dtype) is None for b in ("skinny", "triton", "dequant_blas")}
+    return decide(m, k, rules(_device_arch(device)), **available)
+
+
+def describe_rule(device: torch.device | str, dtype: torch.dtype = torch.float16) -> str:
+    """One line naming what "auto" does on `device`, for reprs and `python -m w4a16 info`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"reference on {device.type}"
+    r = rules(_device_arch(device if device.index is not None else torch.device("cuda", torch.cuda.current_device())))
+    parts = []
+    if unavailable_reason("skinny", device, dtype) is None and r.skinny_max_m:
+        parts.append(f"skinny for M <= {r.skinny_max_m} (K*M <= {r.skinny_staging_elements})")
+    if unavailable_reason("dequant_blas", device, dtype) is None and r.dequant_blas_min_m is not None:
+        parts.append(f"dequant_blas for M >= {r.dequant_blas_min_m}")
+    parts.append("triton otherwise" if unavailable_reason("triton", device, dtype) is None else "reference otherwise")
+    return f"{r.arch}: " + ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Argument checks and the call into a backend.
+
+
+def _weight(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int) -> QuantizedWeight:
+    """A QuantizedWeight over tensors that already passed its checks (a W4A16Linear's buffers, a gemm's qw).
+
+    Skips the constructor's value checks (zero points in 0..15), which read the data back to the host: that would
+    synchronise every call and break CUDA-graph capture.
+    """
+    qw = object.__new__(QuantizedWeight)
+    qw.qweight, qw.scales, qw.zeros, qw.group_size = qweight, scales, zeros, group_size
+    return qw
+
+
+def _check_call(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, backend: str) -> None:
+    """Metadata-only checks (shapes, dtypes, devices): they run unchanged on fake tensors while tracing."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_gemm_args(x, qw, bias)
+    if qw.qweight.dtype != torch.int32 or tuple(qw.qweight.shape) != (qw.n, qw.k // 8):
+        raise ValueError(f"qweight must be int32 [N, K // 8], got {qw.qweight.dtype} {tuple(qw.qweight.shape)}")
+    if qw.k % qw.group_size or tuple(qw.scales.shape) != (qw.n, qw.k // qw.group_size):
+        raise ValueError(
+            f"scales must have shape [N, K // G] = [{qw.n}, {qw.k // qw.group_size}] for group_size={qw.group_size}, "
+            f"got {tuple(qw.scales.shape)}"
+        )
+    if qw.zeros is not None and (qw.zeros.dtype != torch.uint8 or qw.zeros.shape != qw.scales.shape):
+        raise ValueError(f"zeros must be uint8 of the scales' shape {tuple(qw.scales.shape)}, got "
+                         f"{qw.zeros.dtype} {tuple(qw.zeros.shape)}")
+    if backend == "reference":
+        return  # the reference computes in fp32 and takes any float dtypes
+    if qw.scales.dtype != x.dtype:
+        raise TypeError(
+            f"scales are {qw.scales.dtype} but x is {x.dtype}: the kernels read scales in the activation dtype; "
+            f"convert the weight once with qw.to(dtype={x.dtype}) (W4A16Linear does this when it is built or cast)"
+        )
+    if bias is not None and bias.dtype != x.dtype:
+        raise TypeError(f"bias is {bias.dtype} but x is {x.dtype}: pass the bias in the activation dtype")
+
+
+def _check_forced(backend: str, m: int, k: int, x: torch.Tensor) -> None:
+    """A forced backend must be able to run this call: otherwise say why, before any launch."""
+    reason = unavailable_reason(backend, x.device, x.dtype)
+    if reason is not None:
+        raise RuntimeError(f"backend={backend!r} is unavailable on {x.device} for {x.dtype}: {reason}")
+    if backend == "skinny":
+        r = rules(_device_arch(x.device))
+        if not r.skinny_fits(m, k):
+            raise ValueError(
+                f"backend='skinny' takes 1 <= M <= {r.skinny_max_m} rows with K*M <= {r.skinny_staging_elements} "
+                f"on {r.arch}, got M={m}, K={k} (K*M={k * m}); use backend='auto' to route larger M elsewhere"
+            )
+
+
+def _run(backend: str, x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """Call one backend on a contiguous 2-D x. (Tests wrap this to record which backend ran.)"""
+    if backend == "reference":
+        return reference_gemm(x2d, qw, bias)
+    if backend == "skinny":
+        return importlib.import_module("w4a16.skinny").skinny_gemm(x2d, qw, bias)
+    module = importlib.import_module("w4a16.triton")
+    if backend == "triton":
+        return module.triton_gemm(x2d, qw, bias)
+    return module.dequant_blas_gemm(x2d, qw, bias)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The custom op and its public wrapper.
+
+
+@torch.library.custom_op("w4a16::gemm", mutates_args=())
+def gemm_op(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int,
+    bias: torch.Tensor | None,
+    backend: str,
+) -> torch.Tensor:
+    """torch.ops.w4a16.gemm: `gemm` on the QuantizedWeight's tensors (qweight, scales, zeros, group_size)."""
+    qw = _weight(qweight, scales, zeros, group_size)
+    _check_call(x, qw, bias, backend)
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, qw.k)
+    m = x2d.shape[0]
+    if m == 0:
+        return x.new_empty((*lead, qw.n))
+    if not x2d.is_contiguous():  # the kernels stream rows of K; a strided x is copied once here
+        x2d = x2d.contiguous()
+    if backend == "auto":
+        backend = choose_backend(m, qw.k, x.dtype, x.device)
+    else:
+        _check_forced(backend, m, qw.k, x)
+    return _run(backend, x2d, qw, bias).reshape(*lead, qw.n)
+
+
+@gemm_op.register_fake
+def _gemm_fake(x, qweight, scales, zeros, group_size, bias, backend):
+    qw = _weight(qweight, scales, zeros, group_size)
+    _check_call(x, qw, bias, backend)
+    return x.new_empty((*x.shape[:-1], qw.n))
 
 
 def gemm(
     x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, backend: str = "auto"
 ) -> torch.Tensor:
-    """y = x @ dequant(W)^T (+ bias) for x [..., K] -> [..., N] in x's dtype."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    check_gemm_args(x, qw, bias)
-    return reference_gemm(x, qw, bias)
+    """y = x @ dequant(W)^T (+ bias) for x [..., K] -> [..., N] in x's dtype.
+
+    backend: "auto" (the hybrid rule above), or force "skinny", "triton", "dequant_blas" or "reference"
+    (a forced backend that cannot run here raises, saying why). Except for "reference", the scales and bias
+    must be in x's dtype (convert once with `qw.to(dtype=x.dtype)`).
+    """
+    if not isinstance(qw, QuantizedWeight):
+        raise TypeError(f"qw must be a QuantizedWeight, got {type(qw).__name__}")
+    return gemm_op(x, qw.qweight, qw.scales, qw.zeros, qw.group_size, bias, backend)

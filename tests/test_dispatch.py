@@ -1,0 +1,171 @@
+"""The hybrid rule (every boundary, on any machine), forced backends, the custom op, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from w4a16_testing import assert_matches_reference, random_activation, random_weight
+
+import w4a16
+from w4a16 import dispatch
+from w4a16.dispatch import DispatchRules, decide
+
+ALL = {"skinny": True, "triton": True, "dequant_blas": True}
+RULES = DispatchRules("test", skinny_max_m=5, skinny_staging_elements=5 * 4096, dequant_blas_min_m=1024)
+
+
+@pytest.mark.parametrize(("m", "expected"), [(1, "skinny"), (5, "skinny"), (6, "triton"), (1023, "triton"),
+                                             (1024, "dequant_blas"), (4096, "dequant_blas")])
+def test_decide_at_the_m_boundaries(m, expected):
+    assert decide(m, 4096, RULES, **ALL) == expected
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+def test_decide_at_the_staging_limit_and_one_past_it(m):
+    # K * M exactly at the limit stays on skinny; one element past it goes to Triton.
+    at_limit = DispatchRules("test", 5, skinny_staging_elements=m * 2048, dequant_blas_min_m=None)
+    one_short = DispatchRules("test", 5, skinny_staging_elements=m * 2048 - 1, dequant_blas_min_m=None)
+    assert decide(m, 2048, at_limit, **ALL) == "skinny"
+    assert decide(m, 2048, one_short, **ALL) == "triton"
+
+
+def test_decide_falls_back_when_backends_are_missing():
+    assert decide(1, 4096, RULES, skinny=False, triton=True, dequant_blas=True) == "triton"
+    assert decide(2048, 4096, RULES, skinny=True, triton=True, dequant_blas=False) == "triton"
+    assert decide(2048, 4096, RULES, skinny=False, triton=False, dequant_blas=True) == "dequant_blas"
+    assert decide(6, 4096, RULES, skinny=True, triton=False, dequant_blas=False) == "reference"
+    assert decide(1, 4096, RULES, skinny=False, triton=False, dequant_blas=False) == "reference"
+    no_blas = DispatchRules("test", 5, 5 * 4096, dequant_blas_min_m=None)
+    assert decide(10**6, 4096, no_blas, **ALL) == "triton"
+
+
+@pytest.mark.parametrize("arch_name", ["sm_90", "gfx1151", "gfx1201"])
+def test_shipped_rules_at_their_boundaries(arch_name):
+    """The numbers the owners ship for each arch, evaluated at M = skinny_max_m, +1 and the staging limit, +1."""
+    r = dispatch.rules(arch_name)
+    if r.skinny_max_m == 0:
+        pytest.skip(f"no skinny limits for {arch_name} here: {dispatch._module('w4a16.skinny')[1] or 'limits() said none'}")
+    k = 128  # small enough that the staging limit never binds below skinny_max_m
+    assert r.skinny_staging_elements >= k * r.skinny_max_m
+    assert decide(r.skinny_max_m, k, r, **ALL) == "skinny"
+    assert decide(r.skinny_max_m + 1, k, r, **ALL) in ("triton", "dequant_blas")
+    # The largest K (a multiple of 128) that fits one row, and the next one.
+    k_fit = r.skinny_staging_elements // 128 * 128
+    assert decide(1, k_fit, r, **ALL) == "skinny"
+    assert decide(1, k_fit + 128, r, **ALL) == "triton" or k_fit + 128 <= r.skinny_staging_elements
+    assert not r.skinny_fits(1, r.skinny_staging_elements + 1)
+    if r.dequant_blas_min_m is not None:
+        assert r.dequant_blas_min_m > r.skinny_max_m
+        assert decide(r.dequant_blas_min_m - 1, k, r, **ALL) == "triton"
+        assert decide(r.dequant_blas_min_m, k, r, **ALL) == "dequant_blas"
+
+
+@pytest.mark.parametrize("m", [1, 5, 6, 128, 2048])
+def test_auto_on_cpu_is_the_reference(m):
+    assert dispatch.choose_backend(m, 4096, torch.float16, "cpu") == "reference"
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("shape", [(3, 256), (2, 3, 256), (1, 1, 1, 256)])
+def test_auto_matches_the_reference_with_leading_dims(shape, symmetric, generator):
+    qw = random_weight(48, 256, 64, symmetric, torch.float16, generator=generator)
+    x = torch.randn(shape, generator=generator).half()
+    bias = torch.randn(48, generator=generator).half()
+    out = w4a16.gemm(x, qw, bias)
+    assert_matches_reference(out, x, qw, bias)
+
+
+def test_empty_m_returns_an_empty_result(generator):
+    qw = random_weight(40, 128, 32, False, torch.bfloat16, generator=generator)
+    for shape in [(0, 128), (2, 0, 128)]:
+        out = w4a16.gemm(torch.empty(shape, dtype=torch.bfloat16), qw)
+        assert out.shape == (*shape[:-1], 40) and out.dtype == torch.bfloat16
+
+
+def test_non_contiguous_x_is_handled(generator):
+    qw = random_weight(32, 128, 128, True, torch.float16, generator=generator)
+    base = torch.randn(128, 6, generator=generator).half()
+    x = base.t()  # [6, 128], stride (1, 6)
+    assert not x.is_contiguous()
+    out = w4a16.gemm(x, qw)
+    assert_matches_reference(out, x, qw)
+    assert torch.equal(out, w4a16.gemm(x.contiguous(), qw))
+
+
+@pytest.mark.parametrize("backend", ["skinny", "triton", "dequant_blas", "reference"])
+def test_forcing_each_backend_runs_or_says_why(backend, generator):
+    """A forced backend either computes the right answer or raises naming the reason dispatch reports."""
+    qw = random_weight(64, 128, 32, False, torch.float16, generator=generator)
+    x = random_activation(3, 128, torch.float16, generator=generator)
+    reason = dispatch.unavailable_reason(backend, "cpu", torch.float16)
+    if backend == "reference":
+        assert reason is None
+    if backend == "skinny":
+        assert reason is not None, "the skinny kernel has no CPU build"
+    if reason is None:
+        assert_matches_reference(w4a16.gemm(x, qw, backend=backend), x, qw)
+    else:
+        with pytest.raises(RuntimeError, match=f"backend='{backend}' is unavailable on cpu") as info:
+            w4a16.gemm(x, qw, backend=backend)
+        assert reason in str(info.value)
+
+
+def test_kernel_backends_refuse_fp32_activations(generator):
+    qw = random_weight(16, 128, 128, True, torch.float32, generator=generator)
+    x = random_activation(2, 128, torch.float32, generator=generator)
+    for backend in ("skinny", "triton", "dequant_blas"):
+        with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+            w4a16.gemm(x, qw, backend=backend)
+
+
+def test_bad_input_is_a_clear_error(generator):
+    qw = random_weight(16, 128, 64, True, torch.float16, generator=generator)
+    x = random_activation(2, 128, torch.float16, generator=generator)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        w4a16.gemm(x, qw, backend="cublas")
+    with pytest.raises(TypeError, match="x must be a float16, bfloat16 or float32 tensor, got torch.int32"):
+        w4a16.gemm(x.to(torch.int32), qw)
+    with pytest.raises(ValueError, match=r"last dim must equal K=128, got x of shape \(2, 64\)"):
+        w4a16.gemm(x[:, :64], qw)
+    with pytest.raises(ValueError, match="x is on meta but the weight is on cpu"):
+        w4a16.gemm(x.to("meta"), qw)
+    with pytest.raises(TypeError, match="scales are torch.float16 but x is torch.bfloat16"):
+        w4a16.gemm(x.bfloat16(), qw)
+    with pytest.raises(TypeError, match="bias is torch.float32 but x is torch.float16"):
+        w4a16.gemm(x, qw, torch.zeros(16))
+    with pytest.raises(ValueError, match=r"bias must be a tensor of shape \[N\] = \[16\]"):
+        w4a16.gemm(x, qw, torch.zeros(15, dtype=torch.float16))
+    with pytest.raises(TypeError, match="qw must be a QuantizedWeight"):
+        w4a16.gemm(x, torch.zeros(16, 16))
+    # The reference takes mixed dtypes (it computes in fp32); only the kernels need them to match.
+    assert_matches_reference(w4a16.gemm(x.bfloat16(), qw, backend="reference"), x.bfloat16(), qw)
+
+
+def test_op_rejects_inconsistent_tensors(generator):
+    qw = random_weight(16, 128, 64, False, torch.float16, generator=generator)
+    x = random_activation(2, 128, torch.float16, generator=generator)
+    with pytest.raises(ValueError, match=r"scales must have shape \[N, K // G\] = \[16, 1\] for group_size=128"):
+        torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros, 128, None, "auto")
+    with pytest.raises(ValueError, match="zeros must be uint8"):
+        torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros.to(torch.int32), 64, None, "auto")
+
+
+@pytest.mark.parametrize(("symmetric", "with_bias", "shape"), [(True, False, (3, 128)), (False, True, (2, 4, 128))])
+def test_opcheck(symmetric, with_bias, shape, generator):
+    qw = random_weight(24, 128, 32, symmetric, torch.float16, generator=generator)
+    x = torch.randn(shape, generator=generator).half()
+    bias = torch.randn(24, generator=generator).half() if with_bias else None
+    torch.library.opcheck(torch.ops.w4a16.gemm.default, (x, qw.qweight, qw.scales, qw.zeros, 32, bias, "auto"))
+
+
+def test_torch_compile_fullgraph(generator):
+    qw = random_weight(32, 128, 64, False, torch.float16, generator=generator)
+    bias = torch.randn(32, generator=generator).half()
+
+    def f(x):
+        return torch.relu(w4a16.gemm(x, qw, bias)) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    for m in (1, 7):
+        x = random_activation(m, 128, torch.float16, generator=generator)
+        assert torch.equal(compiled(x), f(x))

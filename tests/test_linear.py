@@ -1,0 +1,124 @@
+"""W4A16Linear: against reference_gemm, state_dict round trips, dtype casts, repr, bad input."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+import pytest
+import torch
+from w4a16_testing import assert_matches_reference, random_weight
+
+import w4a16
+from w4a16 import W4A16Linear
+
+CASES = [c for c in itertools.product([32, 64, 128], [True, False], [True, False],
+                                      [torch.float32, torch.float16, torch.bfloat16])
+         if c[0] != 64 or c[3] != torch.float32]  # trim: every value of each axis still appears
+
+
+@pytest.mark.parametrize(("group_size", "symmetric", "with_bias", "dtype"), CASES)
+def test_from_linear_matches_the_reference(group_size, symmetric, with_bias, dtype, generator):
+    linear = torch.nn.Linear(256, 40, bias=with_bias, dtype=dtype)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 256, generator=generator) * 0.05)
+        if with_bias:
+            linear.bias.copy_(torch.randn(40, generator=generator))
+    module = W4A16Linear.from_linear(linear, group_size, symmetric)
+    assert module.scales.dtype == dtype and module.symmetric == symmetric and module.group_size == group_size
+    qw = module.quantized_weight()
+    assert torch.equal(qw.qweight, w4a16.quantize(linear.weight.detach(), group_size, symmetric).qweight)
+    x = torch.randn(2, 3, 256, generator=generator).to(dtype)
+    assert_matches_reference(module(x), x, qw, module.bias)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_state_dict_round_trip(symmetric, generator):
+    qw = random_weight(24, 128, 32, symmetric, torch.bfloat16, generator=generator)
+    bias = torch.randn(24, generator=generator).bfloat16()
+    module = W4A16Linear.from_quantized(qw, bias)
+    state = module.state_dict()
+    assert set(state) == ({"qweight", "scales", "bias"} | (set() if symmetric else {"zeros"}))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    fresh = W4A16Linear(128, 24, bias=True, group_size=32, symmetric=symmetric, dtype=torch.bfloat16)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    x = torch.randn(5, 128, generator=generator).bfloat16()
+    assert torch.equal(fresh(x), module(x))
+    for name in state:
+        assert torch.equal(getattr(fresh, name), getattr(module, name)), name
+
+
+def test_state_dict_of_the_other_format_is_refused(generator):
+    asym = W4A16Linear.from_quantized(random_weight(16, 128, 128, False, torch.float16, generator=generator))
+    with pytest.raises(RuntimeError, match="zeros"):
+        W4A16Linear(128, 16, bias=False, symmetric=True).load_state_dict(asym.state_dict())
+
+
+def test_from_quantized_casts_scales_once(generator):
+    qw = random_weight(16, 256, 128, False, torch.float32, generator=generator)
+    module = W4A16Linear.from_quantized(qw, torch.randn(16, generator=generator), dtype=torch.float16)
+    assert module.scales.dtype == torch.float16 and module.bias.dtype == torch.float16
+    assert module.qweight.data_ptr() != qw.qweight.data_ptr(), "the module owns copies of its buffers"
+    x = torch.randn(3, 256, generator=generator).half()
+    assert_matches_reference(module(x), x, module.quantized_weight(), module.bias)
+
+
+def test_module_to_dtype_casts_scales_and_bias_but_not_the_packed_weight(generator):
+    module = W4A16Linear.from_quantized(random_weight(16, 128, 64, False, torch.float16, generator=generator),
+                                        torch.randn(16, generator=generator))
+    module.to(torch.bfloat16)
+    assert module.scales.dtype == torch.bfloat16 and module.bias.dtype == torch.bfloat16
+    assert module.qweight.dtype == torch.int32 and module.zeros.dtype == torch.uint8
+    x = torch.randn(2, 128, generator=generator).bfloat16()
+    assert_matches_reference(module(x), x, module.quantized_weight(), module.bias)
+
+
+def test_repr_names_shape_group_format_and_backend(generator):
+    module = W4A16Linear.from_quantized(random_weight(48, 256, 64, False, torch.float16, generator=generator))
+    text = repr(module)
+    for part in ("in_features=256", "out_features=48", "group_size=64", "format=uint4", "backend=auto",
+                 "reference on cpu", "bias=False"):
+        assert part in text, text
+    module.backend = "reference"
+    assert "backend=reference" in repr(module)
+    assert "format=uint4b8" in repr(W4A16Linear(128, 8))
+
+
+def test_backend_is_forced_per_module(generator):
+    module = W4A16Linear.from_quantized(random_weight(16, 128, 128, True, torch.float16, generator=generator))
+    module.backend = "skinny"  # no CPU build: the call says why
+    with pytest.raises(RuntimeError, match="backend='skinny' is unavailable on cpu"):
+        module(torch.randn(1, 128).half())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        W4A16Linear(128, 8, group_size=16)
+    with pytest.raises(ValueError, match="in_features=100 must be a positive multiple of group_size=32"):
+        W4A16Linear(100, 8, group_size=32)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        W4A16Linear(128, 8, backend="fast")
+    with pytest.raises(TypeError, match="linear must be an nn.Linear"):
+        W4A16Linear.from_linear(torch.nn.Conv1d(1, 1, 1))
+    with pytest.raises(ValueError, match="in_features=96 must be a multiple of group_size=128"):
+        W4A16Linear.from_linear(torch.nn.Linear(96, 8))
+    with pytest.raises(ValueError, match="meta device"):
+        W4A16Linear.from_linear(torch.nn.Linear(128, 8, device="meta"))
+    module = W4A16Linear(128, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"last dim must equal K=128, got x of shape \(2, 64\)"):
+        module(torch.randn(2, 64).half())
+    with pytest.raises(TypeError, match="scales are torch.float16 but x is torch.float32"):
+        module(torch.randn(2, 128))
+
+
+def test_torch_compile_of_a_module_stack(generator):
+    stack = torch.nn.Sequential(
+        W4A16Linear.from_quantized(random_weight(64, 128, 32, True, torch.float16, generator=generator)),
+        torch.nn.SiLU(),
+        W4A16Linear.from_quantized(random_weight(128, 64, 64, False, torch.float16, generator=generator)),
+    )
+    compiled = torch.compile(stack, fullgraph=True, backend="aot_eager")
+    x = torch.randn(4, 128, generator=generator).half()
+    assert torch.equal(compiled(x), stack(x))
