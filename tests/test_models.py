@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from torch import nn
+from w4a16_testing import assert_matches_reference
 
 transformers = pytest.importorskip("transformers", reason="transformers comes with the eval extra")
+save_file = pytest.importorskip("safetensors.torch", reason="safetensors comes with the eval extra").save_file
 
 from w4a16 import W4A16Linear  # noqa: E402
-from w4a16.models import quantize_model, set_backend  # noqa: E402
+from w4a16.formats import to_awq, to_compressed_tensors  # noqa: E402
+from w4a16.models import load_quantized, quantize_model, set_backend  # noqa: E402
 from w4a16.reference import dequantize  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -92,3 +96,211 @@ def test_set_backend_and_generate():
     assert {m.backend for m in model.modules() if isinstance(m, W4A16Linear)} == {"reference"}
     out = model.generate(tokens(6, batch=1, length=4), max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 7)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints written with the converters, read back with load_quantized.
+
+CT_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+    "ignore": ["lm_head"], "kv_cache_scheme": None,
+    "config_groups": {"group_0": {
+        "targets": ["Linear"], "input_activations": None, "output_activations": None,
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True,
+                    "actorder": None, "dynamic": False, "observer": "minmax"}}},
+}
+AWQ_CONFIG = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": 32, "zero_point": True,
+              "modules_to_not_convert": None}
+
+
+def quant_config(method: str, symmetric: bool = True) -> dict:
+    config = copy.deepcopy(CT_CONFIG if method == "compressed-tensors" else AWQ_CONFIG)
+    if method == "compressed-tensors":
+        config["config_groups"]["group_0"]["weights"]["symmetric"] = symmetric
+    return config
+
+
+def checkpoint_tensors(model: nn.Module, method: str) -> dict[str, torch.Tensor]:
+    """The model's state as a checkpoint of `method` would hold it (quantized layers through the to_* converters)."""
+    out = {}
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, W4A16Linear)}
+    for name, module in quantized.items():
+        convert = to_compressed_tensors if method == "compressed-tensors" else to_awq
+        for key, value in convert(module.quantized_weight()).items():
+            out[f"{name}.{key}"] = value
+        if module.bias is not None:
+            out[f"{name}.bias"] = module.bias
+    for key, value in model.state_dict().items():
+        owner = key.rpartition(".")[0]
+        if owner not in quantized and not (model.config.tie_word_embeddings and key == "lm_head.weight"):
+            out[key] = value
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def write_checkpoint(directory, model: nn.Module, method: str, tensors: dict | None = None,
+                     symmetric: bool = True, shards: int = 1, quantization: dict | None = None) -> None:
+    tensors = checkpoint_tensors(model, method) if tensors is None else tensors
+    config = model.config.to_dict()
+    config["quantization_config"] = quantization or quant_config(method, symmetric)
+    (directory / "config.json").write_text(json.dumps(config))
+    if shards == 1:
+        save_file(tensors, str(directory / "model.safetensors"))
+        return
+    keys = sorted(tensors)
+    weight_map = {}
+    for i in range(shards):
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = keys[i::shards]
+        save_file({k: tensors[k] for k in part}, str(directory / name))
+        weight_map.update(dict.fromkeys(part, name))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+LOAD_CASES = [("llama", "compressed-tensors", True, 1, False), ("qwen2", "compressed-tensors", False, 3, False),
+              ("qwen3", "awq", False, 2, True), ("qwen2", "awq", False, 1, False)]
+
+
+@pytest.mark.parametrize(("family", "method", "symmetric", "shards", "tie"), LOAD_CASES)
+def test_load_quantized_reproduces_the_model(family, method, symmetric, shards, tie, tmp_path):
+    model = quantize_model(tiny_model(family, seed=7, tie=tie), group_size=32, symmetric=symmetric)
+    write_checkpoint(tmp_path, model, method, symmetric=symmetric, shards=shards)
+    loaded = load_quantized(tmp_path)
+    assert type(loaded) is type(model)
+    names = {n for n, m in model.named_modules() if isinstance(m, W4A16Linear)}
+    assert names == {n for n, m in loaded.named_modules() if isinstance(m, W4A16Linear)}
+    for name in names:
+        ours, theirs = model.get_submodule(name), loaded.get_submodule(name)
+        assert torch.equal(dequantize(ours.quantized_weight()), dequantize(theirs.quantized_weight())), name
+    if tie:
+        assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    ids = tokens(8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    out = loaded.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 7)
+
+
+def test_load_quantized_casts_to_the_requested_dtype(tmp_path):
+    model = quantize_model(tiny_model("llama", seed=9), group_size=32, symmetric=False)
+    write_checkpoint(tmp_path, model, "awq")
+    loaded = load_quantized(tmp_path, dtype=torch.bfloat16)
+    assert loaded.lm_head.weight.dtype == torch.bfloat16
+    layer = loaded.model.layers[0].mlp.down_proj
+    assert layer.scales.dtype == torch.bfloat16
+    x = torch.randn(3, layer.in_features).bfloat16()
+    assert_matches_reference(layer(x), x, layer.quantized_weight())
+    with torch.no_grad():
+        assert torch.isfinite(loaded(tokens(10)).logits).all()
+
+
+@pytest.fixture
+def ct_model():
+    return quantize_model(tiny_model("llama", seed=11), group_size=32, symmetric=True)
+
+
+def _refused(tmp_path, model, method, match, tensors=None, quantization=None):
+    write_checkpoint(tmp_path, model, method, tensors=tensors, quantization=quantization)
+    with pytest.raises(ValueError, match=match):
+        load_quantized(tmp_path)
+
+
+def test_missing_quantized_tensor_names_the_layer(tmp_path, ct_model):
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    del tensors["model.layers.1.mlp.up_proj.weight_scale"]
+    _refused(tmp_path, ct_model, "compressed-tensors",
+             r"^model\.layers\.1\.mlp\.up_proj: missing tensor\(s\) weight_scale", tensors)
+
+
+def test_missing_plain_tensor_is_named(tmp_path, ct_model):
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    del tensors["model.norm.weight"]
+    _refused(tmp_path, ct_model, "compressed-tensors", r"missing 1 tensor\(s\): model\.norm\.weight", tensors)
+
+
+def test_missing_bias_is_named(tmp_path):
+    model = quantize_model(tiny_model("qwen2", seed=12), group_size=32, symmetric=False)
+    tensors = checkpoint_tensors(model, "awq")
+    del tensors["model.layers.0.self_attn.k_proj.bias"]
+    _refused(tmp_path, model, "awq", r"^model\.layers\.0\.self_attn\.k_proj: missing tensor bias", tensors)
+
+
+def test_wrong_shapes_name_the_layer(tmp_path, ct_model):
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    tensors["model.layers.0.self_attn.o_proj.weight_shape"] = torch.tensor([64, 32])
+    _refused(tmp_path, ct_model, "compressed-tensors",
+             r"^model\.layers\.0\.self_attn\.o_proj: weight_shape \[64, 32\] does not match", tensors)
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    key = "model.layers.0.mlp.gate_proj.weight_scale"
+    tensors[key] = tensors[key][:, :1].contiguous()
+    _refused(tmp_path, ct_model, "compressed-tensors", r"^model\.layers\.0\.mlp\.gate_proj: weight_scale must have "
+             r"shape \[N, K // G\]", tensors)
+    awq = quantize_model(tiny_model("llama", seed=13), group_size=32, symmetric=False)
+    tensors = checkpoint_tensors(awq, "awq")
+    key = "model.layers.1.mlp.down_proj.qweight"
+    tensors[key] = tensors[key][:64].contiguous()
+    _refused(tmp_path, awq, "awq", r"^model\.layers\.1\.mlp\.down_proj: qweight has shape \[64, 8\], expected "
+             r"\[K, N // 8\] = \[128, 8\]", tensors)
+    tensors = checkpoint_tensors(awq, "awq")
+    tensors["model.norm.weight"] = torch.ones(32)
+    _refused(tmp_path, awq, "awq", r"model\.norm\.weight: shape \[32\] in the checkpoint, the model expects \[64\]",
+             tensors)
+
+
+def test_act_order_g_idx_is_refused_naming_the_layer(tmp_path, ct_model):
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    tensors["model.layers.0.mlp.down_proj.weight_g_idx"] = torch.randperm(128, dtype=torch.int32) // 32
+    _refused(tmp_path, ct_model, "compressed-tensors", r"^model\.layers\.0\.mlp\.down_proj: g_idx must be the trivial "
+             r"order k // group_size: act-order", tensors)
+
+
+def test_unexpected_tensor_is_refused(tmp_path, ct_model):
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    tensors["model.layers.0.mlp.extra.weight"] = torch.ones(4)
+    _refused(tmp_path, ct_model, "compressed-tensors", r"does not use: model\.layers\.0\.mlp\.extra\.weight", tensors)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (("config_groups", "group_0", "weights", "num_bits", 8), r"num_bits=8: only 4-bit weights"),
+    (("config_groups", "group_0", "weights", "group_size", 256), r"group_size=256 is not supported"),
+    (("config_groups", "group_0", "weights", "strategy", "channel"), r"strategy='channel': only per-group"),
+    (("format", "marlin-24"), r"format 'marlin-24' is not supported"),
+    (("config_groups", "group_0", "input_activations", {"num_bits": 8}), r"quantizes activations too"),
+])
+def test_unsupported_compressed_tensors_variants(change, match, tmp_path, ct_model):
+    quantization = quant_config("compressed-tensors")
+    *path, key, value = change
+    node = quantization
+    for part in path:
+        node = node[part]
+    node[key] = value
+    _refused(tmp_path, ct_model, "compressed-tensors", "quantization_config: .*" + match, quantization=quantization)
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("bits", 3, r"AWQ bits=3"), ("version", "gemv", r"AWQ version 'gemv'"), ("group_size", 16, r"AWQ group_size=16 is not supported"),
+    ("quant_method", "gptq", r"quant_method 'gptq' is not supported"),
+])
+def test_unsupported_awq_variants(key, value, match, tmp_path):
+    model = quantize_model(tiny_model("llama", seed=14), group_size=32, symmetric=False)
+    quantization = dict(AWQ_CONFIG, **{key: value})
+    _refused(tmp_path, model, "awq", "quantization_config: " + match, quantization=quantization)
+
+
+def test_pickle_checkpoints_are_refused(tmp_path, ct_model):
+    write_checkpoint(tmp_path, ct_model, "compressed-tensors")
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not opened")
+    with pytest.raises(ValueError, match=r"only pickle weights \(pytorch_model\.bin\): they are refused"):
+        load_quantized(tmp_path)
+    with pytest.raises(ValueError, match="pickle checkpoints are refused"):
+        load_quantized(tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "pytorch_model.bin"}}))
+    with pytest.raises(ValueError, match="only safetensors shards are read"):
+        load_quantized(tmp_path)
+
+
+def test_float_checkpoint_points_at_quantize_model(tmp_path):
+    model = tiny_model("llama", seed=15)
+    (tmp_path / "config.json").write_text(json.dumps(model.config.to_dict()))
+    with pytest.raises(ValueError, match="has no quantization_config.*quantize_model"):
+        load_quantized(tmp_path)

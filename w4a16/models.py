@@ -15,12 +15,20 @@ of compressed-tensors' `ignore` lists).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import json
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
+import torch
 from torch import nn
 
+from .formats import from_awq, from_compressed_tensors
+from .formats._common import check_trivial_g_idx
+from .layout import GROUP_SIZES
 from .linear import W4A16Linear
 
 DEFAULT_SKIP = ("lm_head",)
@@ -74,3 +82,290 @@ def set_backend(model: nn.Module, backend: str) -> int:
     for layer in layers:
         layer.backend = backend
     return len(layers)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading W4A16 checkpoints.
+
+# Tensor names per quantized layer, after the layer's name and a dot.
+CT_TENSORS = ("weight_packed", "weight_scale", "weight_shape")  # + weight_zero_point (asymmetric), weight_g_idx
+AWQ_TENSORS = ("qweight", "qzeros", "scales")
+# Left over by old checkpoints; recomputed from the config.
+IGNORED_CHECKPOINT_KEYS = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+@dataclass(frozen=True)
+class CheckpointScheme:
+    """What a checkpoint's quantization_config says, reduced to what the loader needs."""
+
+    method: str  # "compressed-tensors" or "awq"
+    group_size: int
+    symmetric: bool
+
+
+def _scheme_error(message: str) -> ValueError:
+    return ValueError(f"quantization_config: {message}")
+
+
+def parse_quantization_config(quant: dict) -> CheckpointScheme:
+    """Accept compressed-tensors pack-quantized W4A16 and AutoAWQ GEMM; refuse anything else, saying what."""
+    if not isinstance(quant, dict):
+        raise _scheme_error(f"expected a JSON object, got {type(quant).__name__}")
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        return _parse_compressed_tensors(quant)
+    if method == "awq":
+        return _parse_awq(quant)
+    raise _scheme_error(f"quant_method {quant.get('quant_method')!r} is not supported: "
+                        "expected 'compressed-tensors' (pack-quantized) or 'awq' (GEMM)")
+
+
+def _check_group_size(group_size, where: str) -> int:
+    if group_size not in GROUP_SIZES:
+        raise _scheme_error(f"{where} group_size={group_size!r} is not supported: expected one of {GROUP_SIZES}")
+    return int(group_size)
+
+
+def _parse_compressed_tensors(quant: dict) -> CheckpointScheme:
+    if quant.get("format") != "pack-quantized":
+        raise _scheme_error(f"compressed-tensors format {quant.get('format')!r} is not supported: "
+                            "expected 'pack-quantized' (int4 weights packed 8 per int32)")
+    status = quant.get("quantization_status", "compressed")
+    if status != "compressed":
+        raise _scheme_error(f"quantization_status {status!r}: only compressed (packed) checkpoints can be loaded")
+    groups = quant.get("config_groups") or {}
+    if not groups:
+        raise _scheme_error("config_groups is empty: nothing says how the weights are quantized")
+    schemes = set()
+    for name, group in groups.items():
+        where = f"config_groups.{name}"
+        weights = group.get("weights") or {}
+        if group.get("input_activations") or group.get("output_activations"):
+            raise _scheme_error(f"{where} quantizes activations too: only weight-only W4A16 is supported")
+        if weights.get("num_bits") != 4:
+            raise _scheme_error(f"{where}.weights num_bits={weights.get('num_bits')!r}: only 4-bit weights are supported")
+        if weights.get("type", "int") != "int":
+            raise _scheme_error(f"{where}.weights type={weights.get('type')!r}: only integer weights are supported")
+        if weights.get("strategy") != "group":
+            raise _scheme_error(f"{where}.weights strategy={weights.get('strategy')!r}: only per-group scales "
+                                "('group') are supported")
+        if weights.get("dynamic"):
+            raise _scheme_error(f"{where}.weights dynamic=true: only static weight scales are supported")
+        schemes.add((_check_group_size(weights.get("group_size"), f"{where}.weights"),
+                     bool(weights.get("symmetric", True))))
+    if len(schemes) != 1:
+        raise _scheme_error(f"config_groups use different weight schemes {sorted(schemes)}: one scheme is supported")
+    (group_size, symmetric), = schemes
+    return CheckpointScheme("compressed-tensors", group_size, symmetric)
+
+
+def _parse_awq(quant: dict) -> CheckpointScheme:
+    version = str(quant.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise _scheme_error(f"AWQ version {quant.get('version')!r} is not supported: expected 'gemm'")
+    bits = quant.get("bits", quant.get("w_bit"))
+    if bits != 4:
+        raise _scheme_error(f"AWQ bits={bits!r}: only 4-bit weights are supported")
+    if not quant.get("zero_point", True):
+        raise _scheme_error("AWQ zero_point=false is not supported: AWQ GEMM checkpoints carry zero points")
+    group_size = _check_group_size(quant.get("group_size", quant.get("q_group_size")), "AWQ")
+    return CheckpointScheme("awq", group_size, symmetric=False)
+
+
+def _checkpoint_dir(path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        if path.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl")):
+            raise ValueError(f"{path}: pickle checkpoints are refused (loading them can run code); "
+                             "only safetensors files are read")
+        path = os.path.dirname(path) or "."
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint directory at {path!r} (load_quantized reads local files only)")
+    return path
+
+
+def _shard_files(directory: str) -> list[str]:
+    """model.safetensors, or the shards an index names; a pickle checkpoint is refused, never opened."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    single = os.path.join(directory, "model.safetensors")
+    if os.path.exists(index):
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(single):
+        names = ["model.safetensors"]
+    else:
+        pickles = sorted(n for n in os.listdir(directory) if n.endswith((".bin", ".pt", ".pth")))
+        if pickles:
+            raise ValueError(f"{directory} holds only pickle weights ({', '.join(pickles)}): they are refused "
+                             "(loading pickle can run code); convert the checkpoint to safetensors")
+        raise FileNotFoundError(f"{directory} has neither model.safetensors nor model.safetensors.index.json")
+    for name in names:
+        if not name.endswith(".safetensors"):
+            raise ValueError(f"{directory}: the index names {name!r}; only safetensors shards are read (no pickle)")
+        if not os.path.exists(os.path.join(directory, name)):
+            raise FileNotFoundError(f"{directory}: shard {name!r} named by the index is missing")
+    return [os.path.join(directory, n) for n in names]
+
+
+class _Tensors:
+    """Lazy access to the tensors of a set of safetensors shards, by name."""
+
+    def __init__(self, files: list[str]) -> None:
+        from safetensors import safe_open
+
+        self._stack = contextlib.ExitStack()
+        self._where = {}
+        for file in files:
+            handle = self._stack.enter_context(safe_open(file, framework="pt"))
+            for key in handle.keys():
+                self._where[key] = handle
+        self.unused = set(self._where)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._where
+
+    def keys(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def get(self, key: str) -> torch.Tensor:
+        self.unused.discard(key)
+        return self._where[key].get_tensor(key)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build a module with its parameters on the meta device (no memory, no init) and its buffers real.
+
+    Buffers stay real because some are computed at construction and never saved (rotary inv_freq): the
+    checkpoint fills every parameter afterwards, and anything it leaves on meta is reported as missing.
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _quantized_layer(name: str, linear: nn.Linear, tensors: _Tensors, scheme: CheckpointScheme,
+                     device: torch.device, dtype: torch.dtype) -> W4A16Linear:
+    """One layer's tensors -> a W4A16Linear; every failure names the layer."""
+    required = CT_TENSORS if scheme.method == "compressed-tensors" else AWQ_TENSORS
+    if not scheme.symmetric and scheme.method == "compressed-tensors":
+        required = (*required, "weight_zero_point")
+    missing = [t for t in required if f"{name}.{t}" not in tensors]
+    if missing:
+        raise ValueError(f"{name}: missing tensor(s) {', '.join(missing)} for a {scheme.method} layer")
+    get = lambda t: tensors.get(f"{name}.{t}").to(device)
+    n, k = linear.out_features, linear.in_features
+    try:
+        if scheme.method == "compressed-tensors":
+            shape = [int(v) for v in tensors.get(f"{name}.weight_shape").tolist()]
+            if shape != [n, k]:
+                raise ValueError(f"weight_shape {shape} does not match the model's layer [N, K] = [{n}, {k}]")
+            if f"{name}.weight_g_idx" in tensors:
+                check_trivial_g_idx(get("weight_g_idx"), k, scheme.group_size)
+            zero_point = get("weight_zero_point") if f"{name}.weight_zero_point" in tensors else None
+            qw = from_compressed_tensors(get("weight_packed"), get("weight_scale"), (n, k), zero_point,
+                                         scheme.group_size)
+        else:
+            qweight = tensors.get(f"{name}.qweight")
+            if tuple(qweight.shape) != (k, n // 8):
+                raise ValueError(f"qweight has shape {list(qweight.shape)}, expected [K, N // 8] = [{k}, {n // 8}] "
+                                 "for the model's layer")
+            qw = from_awq(qweight.to(device), get("qzeros"), get("scales"), scheme.group_size)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"{name}: {exc}") from exc
+    bias = None
+    if linear.bias is not None:
+        if f"{name}.bias" not in tensors:
+            raise ValueError(f"{name}: missing tensor bias (the model's layer has one)")
+        bias = get("bias")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"{name}: bias has shape {list(bias.shape)}, expected [{n}]")
+    return W4A16Linear.from_quantized(qw, bias, dtype)
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, config) -> torch.dtype:
+    dtype = dtype if dtype is not None else getattr(config, "dtype", None) or torch.float16
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype!r}")
+    return dtype
+
+
+def load_quantized(path: str | os.PathLike, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> nn.Module:
+    """A local W4A16 checkpoint directory -> a transformers causal LM whose quantized layers are W4A16Linear.
+
+    Reads config.json (its quantization_config: compressed-tensors pack-quantized W4A16 or AutoAWQ GEMM) and the
+    safetensors shards (model.safetensors or model.safetensors.index.json); never pickle. dtype defaults to the
+    config's; device to CPU. A quantized layer whose variant is not supported (act-order g_idx, other bit widths
+    or group sizes), a missing tensor or a wrong shape fails with a message naming the layer.
+    """
+    import transformers
+
+    directory = _checkpoint_dir(path)
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{directory} has no config.json")
+    with open(config_path) as f:
+        raw = json.load(f)
+    if "quantization_config" not in raw:
+        raise ValueError(f"{config_path} has no quantization_config: for a float checkpoint, load it with "
+                         "transformers and call w4a16.models.quantize_model")
+    scheme = parse_quantization_config(raw["quantization_config"])
+    files = _shard_files(directory)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    # The quantization is ours to apply: transformers must not look for a quantizer library of its own.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dtype = _resolve_dtype(dtype, config)
+    with _parameters_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+    tensors = _Tensors(files)
+    try:
+        marker = CT_TENSORS[0] if scheme.method == "compressed-tensors" else AWQ_TENSORS[0]
+        quantized = {key[: -len(marker) - 1] for key in tensors.keys() if key.endswith("." + marker)}
+        modules = dict(model.named_modules())
+        for name in sorted(quantized):
+            if not isinstance(modules.get(name), nn.Linear):
+                raise ValueError(f"{name}: the checkpoint quantizes it, but the model has no nn.Linear by that name "
+                                 f"(found {type(modules.get(name)).__name__})")
+            _set_submodule(model, name, _quantized_layer(name, modules[name], tensors, scheme, device, dtype))
+        state = {}
+        for key, value in model.state_dict(keep_vars=True).items():
+            if value.device.type == "meta" and key in tensors:
+                tensor = tensors.get(key)
+                if tuple(tensor.shape) != tuple(value.shape):
+                    raise ValueError(f"{key}: shape {list(tensor.shape)} in the checkpoint, the model expects "
+                                     f"{list(value.shape)}")
+                state[key] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
+        model.load_state_dict(state, strict=False, assign=True)
+        unused = sorted(k for k in tensors.unused if not IGNORED_CHECKPOINT_KEYS.match(k))
+    finally:
+        tensors.close()
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if missing:
+        hint = ""
+        if missing[0].endswith(".weight") and missing[0][: -len(".weight")] in modules:
+            hint = f" (neither {missing[0]} nor a {scheme.method} {marker} for it)"
+        raise ValueError(f"the checkpoint is missing {len(missing)} tensor(s): {', '.join(missing[:5])}{hint}")
+    if unused:
+        raise ValueError(f"the checkpoint has {len(unused)} tensor(s) the model does not use: {', '.join(unused[:5])}")
+    return model.to(device).eval()
