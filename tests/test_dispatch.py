@@ -169,3 +169,29 @@ def test_torch_compile_fullgraph(generator):
     for m in (1, 7):
         x = random_activation(m, 128, torch.float16, generator=generator)
         assert torch.equal(compiled(x), f(x))
+
+
+def test_forced_skinny_checks_its_row_and_staging_limits_before_launch(monkeypatch, generator):
+    """With skinny reported usable (patched: no CPU build exists), a call past its limits is refused clearly."""
+    launched = []
+    monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, dtype: None)
+    monkeypatch.setattr(dispatch, "rules", lambda arch_name: DispatchRules(arch_name, 5, 5 * 128, None))  # K*M <= 640
+    monkeypatch.setattr(dispatch, "_run", lambda backend, x2d, qw, bias: launched.append(backend) or
+                        torch.zeros(x2d.shape[0], qw.n, dtype=x2d.dtype))
+    qw = random_weight(16, 256, 128, True, torch.float16, generator=generator)
+    with pytest.raises(ValueError, match=r"backend='skinny' takes 1 <= M <= 5 rows with K\*M <= 640 on cpu, got M=6"):
+        w4a16.gemm(random_activation(6, 256, torch.float16, generator=generator), qw, backend="skinny")
+    with pytest.raises(ValueError, match=r"got M=3, K=256 \(K\*M=768\)"):
+        w4a16.gemm(random_activation(3, 256, torch.float16, generator=generator), qw, backend="skinny")
+    assert launched == []
+    w4a16.gemm(random_activation(2, 256, torch.float16, generator=generator), qw, backend="skinny")
+    assert launched == ["skinny"]
+
+
+def test_auto_runs_the_backend_choose_backend_names(monkeypatch, generator):
+    calls = []
+    monkeypatch.setattr(dispatch, "choose_backend", lambda m, k, dtype, device: calls.append((m, k)) or "reference")
+    qw = random_weight(16, 128, 64, True, torch.float16, generator=generator)
+    x = torch.randn(2, 3, 128, generator=generator).half()
+    assert_matches_reference(w4a16.gemm(x, qw), x, qw)
+    assert calls == [(6, 128)], "auto decides on the flattened M"

@@ -33,5 +33,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"python   {platform.python_version()}")
     print(f"torch    {torch.__version__} ({backend_build})")
     print(f"triton   {_version('triton')}")
-    print("backends reference: usable (pure torch)")
+    _print_backends(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     return 0
+
+
+def _print_backends(device: torch.device) -> None:
+    """Each backend's availability on `device`, then what "auto" picks at a few M (K = N = 4096)."""
+    from . import dispatch
+
+    dtypes = (torch.float16, torch.bfloat16)
+    print(f"backends on {device} (fp16 / bf16):")
+    for backend in dispatch.BACKENDS[1:]:
+        reasons = [dispatch.unavailable_reason(backend, device, dtype) for dtype in dtypes]
+        if reasons[0] == reasons[1]:
+            print(f"  {backend:<13} {reasons[0] or 'usable'}")
+        else:
+            for dtype, reason in zip(dtypes, reasons, strict=True):
+                print(f"  {backend:<13} {str(dtype).removeprefix('torch.')}: {reason or 'usable'}")
+    for dtype in dtypes:
+        print(f"rule ({str(dtype).removeprefix('torch.')}): {dispatch.describe_rule(device, dtype)}")
+    ms = (1, 5, 6, 128, 2048)
+    print("auto picks at K=N=4096:  " + "  ".join(f"M={m}" for m in ms))
+    for dtype in dtypes:
+        picks = [dispatch.choose_backend(m, 4096, dtype, device) for m in ms]
+        print(f"  {str(dtype).removeprefix('torch.'):<9} " + "  ".join(picks))
