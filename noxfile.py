@@ -76,3 +76,14 @@ def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install(*_extra_requirements("dev"))
     session.run("ruff", "check", ".")
+
+
+@nox.session(default=False, **VENV)
+def bench(session: nox.Session) -> None:
+    """Kernel speed vs peers on this GPU (`-- --quick`, `-- --save`, `-- --compare [--threshold 10%]`, `-- --e2e`)."""
+    install(session, "test", "bench")
+    print_toolchain(session)
+    if not has_gpu(session):
+        session.error("no GPU: the bench times CUDA/ROCm kernels and needs a device; nothing was measured")
+    env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
+    session.run("python", "-m", "w4a16.bench", *session.posargs, env=env)

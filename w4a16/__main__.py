@@ -9,6 +9,7 @@ import sys
 # command -> (module, one-line help); modules are imported only when their command runs.
 COMMANDS = {
     "info": ("w4a16.info", "print the architecture, versions and the usable backends"),
+    "bench": ("w4a16.bench.cli", "kernel and end-to-end benchmarks against stored baselines (GPU)"),
 }
 
 

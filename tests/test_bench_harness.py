@@ -1,0 +1,335 @@
+"""The bench harness's own logic, on CPU: nothing here is timed.
+
+Rotation sizing, bytes and FLOP counting, the catalogue, tables and ratios, the regression check on two synthetic
+stored runs, the no-GPU message, the tinygemm operand format (against torch's CPU int4 kernel), and the
+end-to-end measurement flow on a tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from w4a16_testing import random_weight
+
+import w4a16
+from w4a16.bench import catalogue, cli, metrics, peers, results, timing
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rotation sizing and counting
+
+
+@pytest.mark.parametrize("bytes_per_copy, l2", [(58_720_256, 50 * 2**20), (2_162_688, 50 * 2**20),
+                                               (10**9, 50 * 2**20), (1000, 4 * 2**20), (3_000_000, None)])
+def test_rotation_covers_four_times_l2(bytes_per_copy, l2):
+    copies = metrics.rotation_copies(bytes_per_copy, l2, max_copies=10**9)
+    l2_used = l2 or metrics.DEFAULT_L2_BYTES
+    assert copies * bytes_per_copy >= 4 * l2_used
+    # the smallest such count: one copy fewer would not cover it (unless one copy alone does)
+    assert copies == 1 or (copies - 1) * bytes_per_copy < 4 * l2_used
+
+
+def test_rotation_limits_and_errors():
+    assert metrics.rotation_copies(10**10, 50 * 2**20) == 1
+    assert metrics.rotation_copies(1, 50 * 2**20, max_copies=64) == 64
+    with pytest.raises(ValueError, match="bytes_per_copy must be positive"):
+        metrics.rotation_copies(0, 2**20)
+
+
+def test_calls_per_replay():
+    assert metrics.calls_per_replay(copies=4, seconds_per_call=1e-3, target_seconds=2e-3, max_calls=1000) == 4
+    assert metrics.calls_per_replay(copies=4, seconds_per_call=5e-6, target_seconds=2e-3, max_calls=1000) == 400
+    assert metrics.calls_per_replay(copies=4, seconds_per_call=1e-7, target_seconds=2e-3, max_calls=1000) == 1000
+    assert metrics.calls_per_replay(copies=600, seconds_per_call=1e-7, target_seconds=2e-3, max_calls=500) == 600
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_bytes_match_the_layout(generator, symmetric, group_size):
+    qw = random_weight(96, 256, group_size, symmetric, torch.bfloat16, generator=generator)
+    assert metrics.int4_weight_bytes(96, 256, group_size, symmetric) == qw.nbytes()
+    m = 3
+    expected = qw.nbytes() + m * 256 * 2 + m * 96 * 2
+    assert metrics.case_bytes("auto", 96, 256, m, group_size, symmetric) == expected
+    assert metrics.case_bytes("naive", 96, 256, m, group_size, symmetric) == expected
+    assert metrics.floor_bytes(96, 256, m, group_size, symmetric) == expected
+
+
+def test_peer_bytes_and_flops(generator):
+    n, k, g = 128, 512, 64
+    assert metrics.weight_bytes("torch_bf16", n, k, g, True) == n * k * 2
+    qw = random_weight(n, k, g, False, torch.bfloat16, generator=generator)
+    nibbles, sz = peers.tinygemm_operands(qw)
+    assert metrics.weight_bytes("tinygemm", n, k, g, False) == nibbles.numel() + sz.numel() * sz.element_size()
+    assert metrics.flops(n, k, 5) == 2 * 5 * n * k
+    assert metrics.gbps(4e9, 2.0) == pytest.approx(2.0)
+    assert metrics.tflops(1000, 1000, 1000, 1e-3) == pytest.approx(2.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The catalogue
+
+
+def test_catalogue_shapes_are_design_md():
+    assert catalogue.MODELS["llama3.1-8b"] == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                                               "down": (4096, 14336)}
+    assert catalogue.MODELS["qwen3-4b"]["down"] == (2560, 9728)
+    assert len(catalogue.M_VALUES) == 16 and catalogue.M_VALUES[0] == 1 and catalogue.M_VALUES[-1] == 4096
+    for layers in catalogue.MODELS.values():
+        for n, k in layers.values():
+            assert k % 128 == 0 and n % 8 == 0  # every group size and tinygemm's tiles apply
+
+
+def test_catalogue_sets():
+    quick, baseline = catalogue.cases("quick"), catalogue.cases("baseline")
+    assert set(quick) <= set(baseline) <= set(catalogue.cases("full"))
+    assert len({c.id for c in baseline}) == len(baseline)
+    headline = [c for c in baseline if c.model == "llama3.1-8b" and c.backend == "auto"
+                and (c.dtype, c.group_size, c.symmetric) == catalogue.DEFAULT_FORMAT]
+    assert {c.m for c in headline} == set(catalogue.M_VALUES)
+    assert {c.layer for c in headline} == set(catalogue.LAYERS)
+    assert all(c.dtype == "bf16" and c.m <= catalogue.TINYGEMM_MAX_M for c in baseline if c.backend == "tinygemm")
+    assert all(c.m <= catalogue.SKINNY_MAX_M for c in baseline if c.backend == "skinny")
+    assert not [c for c in baseline if c.backend == "torch_bf16" and c.dtype != "bf16"]
+    assert {c.backend for c in baseline if c.dtype == "fp16"} >= {"auto", "torch_fp16"}
+    with pytest.raises(ValueError, match="set must be one of"):
+        catalogue.cases("everything")
+
+
+def test_case_info_names():
+    case = catalogue.cases("quick")[0]
+    info = case.as_info()
+    assert set(info) == {"model", "layer", "N", "K", "M", "dtype", "group_size", "symmetric", "backend"}
+    assert set(info) == set(results.KEY_FIELDS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic stored runs: tables, ratios, compare
+
+
+def _bench(model, layer, m, backend, us, n=4096, k=4096, dtype="bf16", g=128, sym=True):
+    info = {"model": model, "layer": layer, "N": n, "K": k, "M": m, "dtype": dtype, "group_size": g,
+            "symmetric": sym, "backend": backend, "us_per_call": us}
+    return {"name": f"test_gemm[{model}-{layer}-M{m}-{backend}]", "extra_info": info,
+            "stats": {"median": us / 1e6, "min": us / 1e6}}
+
+
+def _write_run(path: Path, when: str, benches: list[dict], copy_gbps=4000.0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"datetime": when, "machine_info": {"w4a16": {"copy_gbps": copy_gbps}},
+                                "benchmarks": benches}))
+    return path
+
+
+BASE = [_bench("llama3.1-8b", "o", 1, "auto", 10.0), _bench("llama3.1-8b", "o", 1, "torch_bf16", 20.0),
+        _bench("llama3.1-8b", "o", 1, "tinygemm", 16.0), _bench("llama3.1-8b", "o", 256, "auto", 50.0),
+        _bench("llama3.1-8b", "o", 256, "torch_bf16", 40.0), _bench("llama3.1-8b", "o", 1, "skinny", 9.0)]
+
+
+def test_rows_ratio_and_bandwidth(tmp_path):
+    run = results.load_run(_write_run(tmp_path / "a.json", "2026-01-01T00:00:00", BASE))
+    rows = results.shape_rows(run.records.values(), run.copy_gbps)[("llama3.1-8b", "o", 4096, 4096, "bf16", 128, True)]
+    assert [r.m for r in rows] == [1, 256]
+    decode, prefill = rows
+    assert decode.best_peer == "tinygemm" and decode.speedup == pytest.approx(1.6)
+    assert decode.ratio == pytest.approx(10 / 16)
+    nbytes = metrics.case_bytes("auto", 4096, 4096, 1, 128, True)
+    assert decode.ours_gbps == pytest.approx(nbytes / 10e-6 / 1e9)
+    assert decode.ours_pct_copy == pytest.approx(100 * decode.ours_gbps / 4000.0)
+    assert decode.ours_tflops == pytest.approx(2 * 4096 * 4096 / 10e-6 / 1e12)
+    assert prefill.best_peer == "torch_bf16" and prefill.speedup == pytest.approx(0.8)
+    text = results.format_tables(run.records.values(), run.copy_gbps)
+    assert "**llama3.1-8b o** N=4096 K=4096 bf16 g128 sym" in text
+    assert "| 1 | 10.00 | 9.00 | 20.00 | 16.00 |" in text and "1.60x" in text
+    assert "decode M<=8: 1.60x over 1 cases" in results.summary(run.records.values())
+
+
+def test_load_run_ignores_foreign_benchmarks(tmp_path):
+    foreign = {"name": "test_other", "extra_info": {}, "stats": {"median": 1.0}}
+    run = results.load_run(_write_run(tmp_path / "a.json", "2026-01-01T00:00:00", [*BASE, foreign]))
+    assert len(run.records) == len(BASE)
+
+
+def test_newest_baseline_by_recorded_datetime(tmp_path):
+    storage = tmp_path / "sm_90"
+    old = _write_run(storage / "Linux-CPython-3.12-64bit" / "0002_baseline.json", "2026-01-01T00:00:00", BASE)
+    new = _write_run(storage / "Linux-CPython-3.11-64bit" / "0001_baseline.json", "2026-02-01T00:00:00", BASE)
+    (storage / "e2e-20260301.json").write_text(json.dumps({"datetime": "2026-03-01", "results": []}))
+    assert results.stored_runs(storage) == [old, new]
+    assert results.newest_baseline(storage) == new
+    assert results.newest_baseline(tmp_path / "gfx1151") is None
+
+
+def _scaled(benches, factor, backends):
+    out = []
+    for b in benches:
+        b = json.loads(json.dumps(b))
+        if b["extra_info"]["backend"] in backends:
+            b["stats"]["median"] *= factor
+        out.append(b)
+    return out
+
+
+def test_compare_within_threshold_passes(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00",
+                                      _scaled(BASE, 1.08, catalogue.OURS)))
+    comparison = results.compare(cur, base, 0.10)
+    assert comparison.ok and not comparison.regressions
+    assert len(comparison.changes) == len(BASE)
+    assert "compare: PASS" in comparison.report()
+
+
+def test_compare_regression_of_ours_fails(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00", _scaled(BASE, 1.2, {"skinny"})))
+    comparison = results.compare(cur, base, results.parse_threshold("10%"))
+    assert not comparison.ok
+    assert [c.key[-1] for c in comparison.failures] == ["skinny"]
+    assert comparison.failures[0].ratio == pytest.approx(1.2)
+    assert "REGRESSED (ours)" in comparison.report() and "+20.0%" in comparison.report()
+    # a looser threshold lets the same runs pass
+    assert results.compare(cur, base, 0.25).ok
+
+
+def test_compare_peer_regression_does_not_gate(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00",
+                                      _scaled(BASE, 2.0, {"torch_bf16"})))
+    comparison = results.compare(cur, base, 0.10)
+    assert comparison.ok and len(comparison.regressions) == 2 and not comparison.failures
+    assert "regressed (peers, not gating)" in comparison.report()
+
+
+def test_compare_missing_case_of_ours_fails(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    without_skinny = [b for b in BASE if b["extra_info"]["backend"] != "skinny"]
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00", without_skinny))
+    asked = list(base.records)
+    comparison = results.compare(cur, base, 0.10, expected=asked)
+    assert not comparison.ok and [k[-1] for k in comparison.missing] == ["skinny"]
+    # a subset run (not asked for the case) compares only what it measured
+    assert results.compare(cur, base, 0.10, expected=list(cur.records)).ok
+
+
+@pytest.mark.parametrize("text, value", [("10%", 0.10), ("2.5%", 0.025), ("0.05", 0.05), (0.2, 0.2)])
+def test_parse_threshold(text, value):
+    assert results.parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["10", "ten", "-5%", "0%"])
+def test_parse_threshold_rejects(text):
+    with pytest.raises(ValueError, match="threshold"):
+        results.parse_threshold(text)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Device clock, CLI without a GPU
+
+
+def test_device_clock_moves_only_by_reported_time():
+    clock = timing.DeviceClock()
+    t0 = clock()
+    clock.advance(2.5e-6)
+    clock.advance(0.5e-6)
+    assert clock() - t0 == pytest.approx(3e-6)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="device time"):
+            clock.advance(bad)
+    from pytest_benchmark.utils import NameWrapper
+
+    assert str(NameWrapper(timing.device_clock)) == "w4a16.bench.timing.device_clock"
+
+
+def test_no_gpu_message(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_gpu_available", lambda: False)
+    assert cli.main(["--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "no GPU" in err and "Traceback" not in err
+
+
+def test_no_gpu_message_from_the_command_line():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "w4a16.bench", "--compare"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode != 0
+    assert "no GPU" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_rejects_bad_options(capsys):
+    assert cli.main(["--threshold", "ten"]) == 2
+    assert cli.main(["--models", "llama9"]) == 2
+    err = capsys.readouterr().err
+    assert "threshold" in err and "llama9" in err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tinygemm's operands, checked with torch's own CPU int4 kernel (same dequantization formula as CUDA's)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_tinygemm_operands(generator, symmetric):
+    n, k, g = 64, 256, 64
+    qw = random_weight(n, k, g, symmetric, torch.bfloat16, generator=generator)
+    nibbles, sz = peers.tinygemm_operands(qw)
+    assert nibbles.shape == (n, k // 2) and nibbles.dtype == torch.uint8 and sz.shape == (k // g, n, 2)
+    q = w4a16.unpack_int4(qw.qweight)
+    assert torch.equal(nibbles >> 4, q[:, ::2]) and torch.equal(nibbles & 0xF, q[:, 1::2])
+    # (q - 8) * scale + zero, tinygemm's formula, reproduces our weight up to bf16 rounding of the zero term
+    s, z = sz[..., 0].float().t(), sz[..., 1].float().t()
+    w_tg = (q.float() - 8) * s.repeat_interleave(g, 1) + z.repeat_interleave(g, 1)
+    w = w4a16.dequantize(qw)
+    assert (w_tg - w).abs().max() <= 8 * qw.scales.float().max() * 2**-8
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        pytest.skip("this torch has no CPU int4 kernel to cross-check with")
+    x = torch.randn(4, k, generator=generator).to(torch.bfloat16)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, g, sz).float()
+    ref = x.float() @ w.t()
+    assert ((y - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plots and the end-to-end flow
+
+
+def test_plots_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = results.load_run(_write_run(tmp_path / "a.json", "2026-01-01T00:00:00", BASE))
+    paths = plots_module().plot_models(run.records.values(), run.copy_gbps, tmp_path / "plots")
+    assert [p.name for p in paths] == ["llama3.1-8b.png"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def plots_module():
+    from w4a16.bench import plots
+
+    return plots
+
+
+def test_e2e_flow_on_a_tiny_model():
+    pytest.importorskip("transformers")
+    from w4a16.bench import e2e
+
+    tiny = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64)
+    measured = e2e.run(["llama3.1-8b"], device="cpu", overrides=tiny, log=lambda m: None,
+                       prompt_lengths=(8, 16), decode_tokens=4, decode_prompt=8, reps=1)
+    base, quant = measured
+    assert (base.variant, quant.variant) == ("bf16", "w4a16")
+    assert base.finite and quant.finite
+    assert set(base.ttft_eager_ms) == {8, 16} and base.tpot_ms > 0 and quant.tpot_ms > 0
+    # 7 linears per layer quantized: 128x128 (q), 64x128 (k, v), 128x128 (o), 256x128 (gate, up), 128x256 (down)
+    linear_params = 2 * (128 * 128 * 2 + 64 * 128 * 2 + 256 * 128 * 3)
+    saved = linear_params * 2 - linear_params // 2 - linear_params // 128 * 2
+    assert base.weight_bytes - quant.weight_bytes == saved
+    table = e2e.format_table(measured)
+    assert "| llama3.1-8b | w4a16 |" in table and "W4A16 vs bf16" in table
+    assert math.isclose(quant.weight_bytes / base.weight_bytes,
+                        float(table.split("vs bf16: weights ")[1].split("x")[0]), rel_tol=1e-3)

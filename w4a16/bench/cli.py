@@ -1,0 +1,234 @@
+"""`python -m w4a16.bench` (what `nox -s bench` runs; also `python -m w4a16 bench`).
+
+    python -m w4a16.bench                      the baseline set: tables, plots and JSON under --out
+    python -m w4a16.bench --quick              a small subset, for a fast check
+    python -m w4a16.bench --save               also store the run as a baseline under baselines/<arch>/
+    python -m w4a16.bench --compare            fail (exit 1) when one of our medians is slower than the newest
+                                               stored baseline of this arch by more than --threshold (10%)
+    python -m w4a16.bench --e2e                the end-to-end TTFT / TPOT table instead of the kernel benchmarks
+
+The kernel benchmarks are pytest-benchmark tests (tests/bench/test_kernels.py) run in a child pytest whose
+stats are per-call device seconds; arguments after `--` go to that pytest (e.g. `-- -k gate_up`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import catalogue, results
+
+SET_ENV = "W4A16_BENCH_SET"
+MODELS_ENV = "W4A16_BENCH_MODELS"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BENCH_TESTS = REPO_ROOT / "tests" / "bench" / "test_kernels.py"
+NO_GPU_MESSAGE = ("no GPU: the bench times CUDA/ROCm kernels and needs a device "
+                  "(torch.cuda.is_available() is False here); nothing was measured")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_const", const="quick", dest="set",
+                       help="a small subset (llama3.1-8b gate_up and down at 5 M values, every backend)")
+    which.add_argument("--set", choices=catalogue.SETS, default="baseline",
+                       help="which cases to run (default: baseline, the set stored and compared per arch)")
+    which.add_argument("--e2e", action="store_true", help="run the end-to-end TTFT/TPOT table instead")
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated model names to keep (of {', '.join(catalogue.MODELS)})")
+    parser.add_argument("--save", action="store_true", help="store this run under <storage>/<arch>/")
+    parser.add_argument("--compare", nargs="?", const="newest", default=None, metavar="RUN.json",
+                        help="compare with the newest stored baseline of this arch (or the given JSON); "
+                             "exit 1 past the threshold")
+    parser.add_argument("--threshold", default=f"{results.DEFAULT_THRESHOLD:.0%}",
+                        help="regression threshold on the median, e.g. 10%% (default) or 0.05")
+    parser.add_argument("--storage", default=str(REPO_ROOT / "baselines"),
+                        help="baseline storage root; runs go to <storage>/<arch>/ (default: baselines/)")
+    parser.add_argument("--out", default=None,
+                        help="where this run's JSON, tables and plots go (default: build/bench/<arch>/)")
+    parser.add_argument("--inject-slowdown", action="store_true",
+                        help="run our backends twice per timed call: only to check that --compare fails")
+    parser.add_argument("--e2e-models", default=",".join(_e2e_names()),
+                        help="models of the end-to-end table (default: %(default)s)")
+    parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -k gate_up)")
+
+
+def _e2e_names() -> tuple[str, ...]:
+    from .e2e import E2E_MODELS
+
+    return tuple(E2E_MODELS)
+
+
+def _gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _selected(set_name: str, models: list[str] | None) -> list[catalogue.Case]:
+    chosen = catalogue.cases(set_name)
+    return [c for c in chosen if models is None or c.model in models]
+
+
+def _parse_models(text: str | None, known, what: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{what}: unknown model(s) {unknown}; known: {', '.join(known)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        threshold = results.parse_threshold(args.threshold)
+        models = _parse_models(args.models, catalogue.MODELS, "--models")
+        e2e_models = _parse_models(args.e2e_models, _e2e_names(), "--e2e-models")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not _gpu_available():
+        print(NO_GPU_MESSAGE, file=sys.stderr)
+        return 2
+
+    import w4a16
+    from w4a16 import info
+
+    info.run(argparse.Namespace())
+    arch = w4a16.arch()
+    storage = Path(args.storage) / arch
+    out = Path(args.out) if args.out else REPO_ROOT / "build" / "bench" / arch
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if args.e2e:
+        return _run_e2e(e2e_models, out, storage if args.save else None, stamp)
+    return _run_kernels(args, arch, models, threshold, storage, out, stamp)
+
+
+def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp: str) -> int:
+    set_name = args.set or "baseline"
+    cases = _selected(set_name, models)
+    if not cases:
+        print("error: no cases selected", file=sys.stderr)
+        return 2
+    baseline = None
+    if args.compare is not None:
+        baseline = newest = Path(args.compare) if args.compare != "newest" else results.newest_baseline(storage)
+        if newest is None or not newest.is_file():
+            print(f"error: --compare: no stored baseline under {storage} (store one with --save)", file=sys.stderr)
+            return 2
+    before = set(results.stored_runs(storage))
+    json_path = out / f"{arch}-{set_name}-{stamp}.json"
+    command = [
+        sys.executable, "-m", "pytest", str(BENCH_TESTS), "-q", "-p", "no:cacheprovider", "--benchmark-only",
+        "--benchmark-timer=w4a16.bench.timing.device_clock", "--benchmark-sort=name",
+        f"--benchmark-storage=file://{storage}", f"--benchmark-json={json_path}", *_quiet_flag(),
+        *([f"--benchmark-save={set_name}"] if args.save else []), *args.pytest_args,
+    ]
+    env = {**os.environ, SET_ENV: set_name}
+    if models:
+        env[MODELS_ENV] = ",".join(models)
+    if args.inject_slowdown:
+        from .peers import SLOWDOWN_ENV
+
+        env[SLOWDOWN_ENV] = "1"
+        print("NOTE: --inject-slowdown: our backends run twice per timed call (a deliberate 2x regression)")
+    print(f"bench: {len(cases)} cases of set {set_name!r} on {arch}; storage {storage}", flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(command, cwd=REPO_ROOT, env=env)
+    print(f"bench: pytest finished in {time.perf_counter() - t0:.0f} s with exit status {rc}", flush=True)
+    if not json_path.is_file():
+        print(f"error: pytest wrote no results ({json_path})", file=sys.stderr)
+        return rc or 1
+
+    current = results.load_run(json_path)
+    tables = results.format_tables(current.records.values(), current.copy_gbps)
+    device = current.machine.get("w4a16", {}).get("gpu", arch)
+    header = (f"# w4a16 kernel benchmarks: {device} ({arch}), {current.datetime[:19]} UTC, set {set_name}, "
+              f"copy bandwidth {current.copy_gbps or 0:.0f} GB/s\n\n"
+              "µs per call (median of graph replays over a weight rotation >= 4x L2); auto GB/s counts int4 "
+              "weight + scales (+ zeros) + x + y; speedup = best peer's time / auto's time.\n\n")
+    text = header + tables + "\n\n" + results.summary(current.records.values()) + "\n"
+    print(text)
+    (out / "tables.md").write_text(text)
+    plots = _plots(current, out, device)
+    saved = sorted(set(results.stored_runs(storage)) - before)
+    if args.save:
+        for path in [out / "tables.md", *plots]:
+            shutil.copy2(path, storage / path.name)
+        print(f"bench: saved {', '.join(str(p) for p in saved) or '(nothing: pytest-benchmark did not save)'}")
+    status = 0 if rc == 0 else 1
+    if baseline is not None:
+        comparison = results.compare(current, results.load_run(baseline), threshold,
+                                     expected=[results.case_key(c) for c in cases])
+        print(f"\nbaseline: {baseline}")
+        print(comparison.report())
+        (out / "compare.txt").write_text(f"baseline: {baseline}\n{comparison.report()}\n")
+        if not comparison.ok:
+            status = 1
+    print(f"bench: results in {out}")
+    return status
+
+
+def _quiet_flag() -> list[str]:
+    # pytest-benchmark >= 5 can drop its own wide table (ours is printed instead).
+    from importlib.metadata import version
+
+    try:
+        major = int(version("pytest-benchmark").split(".")[0])
+    except (ValueError, LookupError, ImportError):
+        return []
+    return ["--benchmark-quiet"] if major >= 5 else []
+
+
+def _plots(run: results.Run, out: Path, device: str) -> list[Path]:
+    try:
+        from .plots import plot_models
+
+        paths = plot_models(run.records.values(), run.copy_gbps, out, title_suffix=f", {device}")
+    except ImportError as exc:
+        print(f"bench: no plots ({exc}); install matplotlib")
+        return []
+    for path in paths:
+        print(f"bench: plot {path}")
+    return paths
+
+
+def _run_e2e(names: list[str], out: Path, storage: Path | None, stamp: str) -> int:
+    from . import e2e
+
+    print(f"e2e: {', '.join(names)}; prompts {e2e.PROMPT_LENGTHS}, {e2e.DECODE_TOKENS} decode tokens", flush=True)
+    measured = e2e.run(names, device="cuda", log=lambda m: print(m, flush=True))
+    table = e2e.format_table(measured)
+    import torch
+
+    device = torch.cuda.get_device_name()
+    text = (f"# w4a16 end to end, batch 1: {device}, {stamp}\n\n"
+            "TTFT: prefill replayed as a CUDA graph (eager beside it); TPOT: 128 greedy steps after a 128-token "
+            "prompt, the decode step replayed as a CUDA graph; static KV cache; random weights.\n\n" + table + "\n")
+    print(text)
+    payload = {"datetime": stamp, "device": device, "results": e2e.to_json(measured)}
+    (out / "e2e.md").write_text(text)
+    (out / f"e2e-{stamp}.json").write_text(json.dumps(payload, indent=2))
+    if storage is not None:
+        storage.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(out / "e2e.md", storage / "e2e.md")
+        shutil.copy2(out / f"e2e-{stamp}.json", storage / f"e2e-{stamp}.json")
+    ok = all(r.finite for r in measured)
+    if not ok:
+        print("e2e: some logits were not finite", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m w4a16.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,310 @@
+"""Stored runs: pytest-benchmark JSON -> records, the per-shape tables, and the regression check.
+
+A record is one benchmark: its extra_info (model, layer, N, K, M, group_size, dtype, symmetric, backend, ...)
+and its median per-call time in seconds. The stats pytest-benchmark stores are per-call device seconds (the
+bench times with `w4a16.bench.timing.device_clock`), so the median of a stored run is read straight from them.
+
+--compare gates our backends (auto, skinny, triton, dequant_blas): a case regresses when its median grows by more
+than the threshold over the newest stored baseline of this arch. Peers are compared and printed too, but do not
+fail the run: a slower cuBLAS is news about the machine, not about this code. A case of ours that the baseline
+has and this run was asked to measure but did not (a kernel that now refuses or skips) is a failure as well.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from . import metrics
+from .catalogue import BACKENDS, LAYERS, OURS, PEERS, Case
+
+KEY_FIELDS = ("model", "layer", "N", "K", "M", "dtype", "group_size", "symmetric", "backend")
+DEFAULT_THRESHOLD = 0.10
+
+
+@dataclass(frozen=True)
+class Record:
+    model: str
+    layer: str
+    n: int
+    k: int
+    m: int
+    dtype: str
+    group_size: int
+    symmetric: bool
+    backend: str
+    seconds: float  # median per call
+
+    @property
+    def key(self) -> tuple:
+        return (self.model, self.layer, self.n, self.k, self.m, self.dtype, self.group_size, self.symmetric,
+                self.backend)
+
+    @property
+    def shape_key(self) -> tuple:
+        return (self.model, self.layer, self.n, self.k, self.dtype, self.group_size, self.symmetric)
+
+    @property
+    def us(self) -> float:
+        return self.seconds * 1e6
+
+    def nbytes(self) -> int:
+        return metrics.case_bytes(self.backend, self.n, self.k, self.m, self.group_size, self.symmetric)
+
+
+def case_key(case: Case) -> tuple:
+    return (case.model, case.layer, case.n, case.k, case.m, case.dtype, case.group_size, case.symmetric,
+            case.backend)
+
+
+@dataclass
+class Run:
+    """One stored pytest-benchmark run, reduced to what the bench reads."""
+
+    path: Path | None
+    datetime: str
+    machine: dict
+    records: dict[tuple, Record]
+
+    @property
+    def copy_gbps(self) -> float | None:
+        value = self.machine.get("w4a16", {}).get("copy_gbps")
+        return float(value) if value else None
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a pytest-benchmark JSON file; benchmarks without our extra_info are ignored."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    records = {}
+    for bench in data.get("benchmarks", []):
+        info = bench.get("extra_info") or {}
+        if not all(f in info for f in KEY_FIELDS):
+            continue
+        stats = bench.get("stats") or {}
+        seconds = stats.get("median")
+        if seconds is None and "us_per_call" in info:
+            seconds = info["us_per_call"] / 1e6
+        if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+            continue
+        r = Record(info["model"], info["layer"], int(info["N"]), int(info["K"]), int(info["M"]), info["dtype"],
+                   int(info["group_size"]), bool(info["symmetric"]), info["backend"], float(seconds))
+        records[r.key] = r
+    return Run(path, data.get("datetime", ""), data.get("machine_info", {}), records)
+
+
+def _stamp(run_path: Path) -> float | None:
+    """The run's datetime as a timestamp; None for a file that is not a pytest-benchmark run."""
+    try:
+        data = json.loads(run_path.read_text())
+        if not isinstance(data, dict) or "benchmarks" not in data:
+            return None
+        return datetime.fromisoformat(str(data.get("datetime", "")).replace("Z", "+00:00")).timestamp()
+    except (OSError, ValueError):
+        return None
+
+
+def stored_runs(storage: str | Path) -> list[Path]:
+    """The pytest-benchmark runs under a storage folder (any machine-id subfolder), oldest first."""
+    storage = Path(storage)
+    if not storage.is_dir():
+        return []
+    stamped = [(stamp, str(p), p) for p in storage.rglob("*.json") if (stamp := _stamp(p)) is not None]
+    return [p for _, _, p in sorted(stamped)]
+
+
+def newest_baseline(storage: str | Path) -> Path | None:
+    """The newest stored run of a storage folder (by the datetime pytest-benchmark recorded), or None."""
+    runs = stored_runs(storage)
+    return runs[-1] if runs else None
+
+
+def parse_threshold(text: str | float) -> float:
+    """'10%' -> 0.10; a bare fraction 0 < f < 1 is taken as is."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        s = text.strip()
+        try:
+            value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+        except ValueError:
+            raise ValueError(f"threshold must look like '10%' or 0.1, got {text!r}") from None
+        if not s.endswith("%") and value >= 1:
+            raise ValueError(f"threshold {text!r} is ambiguous: write a percentage ('{s}%') or a fraction below 1")
+    if not 0 < value < 10:
+        raise ValueError(f"threshold must be a positive fraction (e.g. 0.1 or '10%'), got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Change:
+    key: tuple
+    baseline_s: float
+    current_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.current_s / self.baseline_s
+
+    @property
+    def gated(self) -> bool:
+        return self.key[-1] in OURS
+
+
+@dataclass
+class Comparison:
+    threshold: float
+    changes: list[Change] = field(default_factory=list)
+    missing: list[tuple] = field(default_factory=list)  # ours, in the baseline and asked for, not measured
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.ratio > 1 + self.threshold]
+
+    @property
+    def failures(self) -> list[Change]:
+        return [c for c in self.regressions if c.gated]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.missing
+
+    def report(self) -> str:
+        lines = [f"compared {len(self.changes)} cases (threshold +{self.threshold:.0%} on the median; "
+                 f"our backends gate, peers are informational)"]
+        if self.changes:
+            ours = [c.ratio for c in self.changes if c.gated]
+            if ours:
+                geo = math.exp(sum(math.log(r) for r in ours) / len(ours))
+                lines.append(f"ours: geometric mean time ratio {geo:.3f} (current / baseline) over {len(ours)} cases")
+        for title, items in (("REGRESSED (ours)", self.failures),
+                             ("regressed (peers, not gating)", [c for c in self.regressions if not c.gated])):
+            if items:
+                lines.append(f"{title}:")
+                for c in sorted(items, key=lambda c: -c.ratio):
+                    lines.append(f"  {_key_text(c.key):60s} {c.baseline_s * 1e6:9.2f} -> {c.current_s * 1e6:9.2f} us"
+                                 f"  ({c.ratio - 1:+.1%})")
+        if self.missing:
+            lines.append("MISSING (ours: in the baseline, asked for, not measured this run):")
+            lines += [f"  {_key_text(k)}" for k in self.missing]
+        lines.append("compare: PASS" if self.ok else "compare: FAIL")
+        return "\n".join(lines)
+
+
+def _key_text(key: tuple) -> str:
+    model, layer, n, k, m, dtype, g, sym, backend = key
+    return f"{model} {layer} N={n} K={k} M={m} {dtype} g{g} {'sym' if sym else 'asym'} {backend}"
+
+
+def compare(current: Run, baseline: Run, threshold: float = DEFAULT_THRESHOLD,
+            expected: Iterable[tuple] | None = None) -> Comparison:
+    """Medians of the cases both runs hold; `expected`: the keys this run was asked to measure."""
+    result = Comparison(threshold)
+    for key, base in sorted(baseline.records.items()):
+        cur = current.records.get(key)
+        if cur is not None:
+            result.changes.append(Change(key, base.seconds, cur.seconds))
+    if expected is not None:
+        wanted = set(expected)
+        result.missing = sorted(k for k in baseline.records
+                                if k[-1] in OURS and k in wanted and k not in current.records)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tables
+
+
+@dataclass(frozen=True)
+class Row:
+    """One M of one shape: every backend's per-call seconds, and the headline figures of "auto"."""
+
+    m: int
+    seconds: dict[str, float]
+    ours_gbps: float | None
+    ours_pct_copy: float | None
+    ours_tflops: float | None
+    best_peer: str | None
+    speedup: float | None  # best peer's time / auto's time: > 1 means auto is faster
+
+    @property
+    def ratio(self) -> float | None:
+        """auto's time / the best peer's (the inverse of speedup)."""
+        return None if self.speedup is None else 1 / self.speedup
+
+
+def shape_rows(records: Iterable[Record], copy_gbps: float | None) -> dict[tuple, list[Row]]:
+    """Per shape key, one Row per M (sorted), from a run's records."""
+    by_shape: dict[tuple, dict[int, dict[str, Record]]] = {}
+    for r in records:
+        by_shape.setdefault(r.shape_key, {}).setdefault(r.m, {})[r.backend] = r
+    out = {}
+    for shape, by_m in by_shape.items():
+        rows = []
+        for m in sorted(by_m):
+            recs = by_m[m]
+            seconds = {b: recs[b].seconds for b in BACKENDS if b in recs}
+            ours = recs.get("auto")
+            peers = [(recs[b].seconds, b) for b in PEERS if b in recs]
+            best = min(peers) if peers else None
+            gb = metrics.gbps(ours.nbytes(), ours.seconds) if ours else None
+            rows.append(Row(
+                m, seconds, gb,
+                100 * gb / copy_gbps if gb is not None and copy_gbps else None,
+                metrics.tflops(ours.n, ours.k, m, ours.seconds) if ours else None,
+                best[1] if best else None,
+                best[0] / ours.seconds if (best and ours) else None,
+            ))
+        out[shape] = rows
+    return out
+
+
+def _shape_order(shape: tuple) -> tuple:
+    model, layer, *rest = shape
+    return (model, LAYERS.index(layer) if layer in LAYERS else len(LAYERS), *rest)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_tables(records: Iterable[Record], copy_gbps: float | None) -> str:
+    """Markdown tables, one per shape: µs per call of every backend, then auto's GB/s, % of the measured copy
+    bandwidth and TFLOP/s, the best peer and auto's speedup over it."""
+    blocks = []
+    for shape, rows in sorted(shape_rows(records, copy_gbps).items(), key=lambda kv: _shape_order(kv[0])):
+        model, layer, n, k, dtype, g, sym = shape
+        backends = [b for b in BACKENDS if any(b in r.seconds for r in rows)]
+        head = ["M", *[f"{b} µs" for b in backends], "auto GB/s", "% copy bw", "auto TFLOP/s", "best peer",
+                "speedup"]
+        lines = [f"**{model} {layer}** N={n} K={k} {dtype} g{g} {'sym' if sym else 'asym'}", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in rows:
+            cells = [str(r.m), *[_fmt(r.seconds[b] * 1e6 if b in r.seconds else None, ".2f") for b in backends],
+                     _fmt(r.ours_gbps, ".0f"), _fmt(r.ours_pct_copy, ".0f"), _fmt(r.ours_tflops, ".2f"),
+                     r.best_peer or "-", "-" if r.speedup is None else f"{r.speedup:.2f}x"]
+            lines.append("| " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def summary(records: Iterable[Record]) -> str:
+    """One line per model: auto's geometric-mean speedup over the best peer, for decode (M <= 8) and prefill."""
+    lines = []
+    by_model: dict[str, dict[str, list[float]]] = {}
+    for shape, rows in shape_rows(records, None).items():
+        for r in rows:
+            if r.speedup is not None:
+                phase = "decode M<=8" if r.m <= 8 else "prefill M>=16"
+                by_model.setdefault(shape[0], {}).setdefault(phase, []).append(r.speedup)
+    for model in sorted(by_model):
+        parts = []
+        for phase, values in sorted(by_model[model].items()):
+            geo = math.exp(sum(math.log(v) for v in values) / len(values))
+            parts.append(f"{phase}: {geo:.2f}x over {len(values)} cases")
+        lines.append(f"{model:14s} auto vs best peer (geomean speedup)  " + "; ".join(parts))
+    return "\n".join(lines)

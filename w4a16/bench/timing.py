@@ -1,0 +1,143 @@
+"""GPU timing: graph replay over a rotation of weight copies, timed with device events.
+
+Decode GEMMs take a few microseconds, less than a kernel launch costs the host. So one timed round is a CUDA
+graph (a HIP graph on ROCm) that holds `calls` invocations cycling over the weight copies; the replay is bracketed
+by two events and per-call time = replay time / calls. Before the events, a short spin kernel keeps the GPU busy
+while the host enqueues event, replay and event, so the host's launch latency is not inside the bracket.
+
+pytest-benchmark times with a host clock of its choosing: `device_clock` is a clock that advances only by the
+per-call device time each timed round reports (`--benchmark-timer=w4a16.bench.timing.device_clock`), so the
+stats pytest-benchmark stores and compares are per-call GPU seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+# Spin before each bracketed replay: about 0.1 ms at 2 GHz, several times a graph launch's host latency.
+LEAD_SPIN_CYCLES = 200_000
+WARMUP_REPLAYS = 2
+
+
+class DeviceClock:
+    """A monotonic clock in seconds that moves only when a timed round `advance`s it by its device time."""
+
+    def __init__(self, name: str = "device_clock") -> None:
+        self._seconds = 0.0
+        self.__name__ = name  # pytest-benchmark stores a timer as module.__name__
+
+    def __call__(self) -> float:
+        return self._seconds
+
+    def advance(self, seconds: float) -> None:
+        if not seconds >= 0:  # also refuses NaN
+            raise ValueError(f"a device time must be >= 0 s, got {seconds}")
+        self._seconds += seconds
+
+
+# The one clock pytest-benchmark loads by name (it takes a module attribute, not a factory).
+device_clock = DeviceClock()
+
+
+def l2_cache_bytes(device: torch.device | int | None = None) -> int | None:
+    """The device's L2 size in bytes, where torch reports it (None elsewhere)."""
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    size = getattr(props, "L2_cache_size", None)
+    return int(size) if size else None
+
+
+def _spin() -> None:
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(LEAD_SPIN_CYCLES)
+
+
+def time_eager(fn: Callable[[int], object], copies: int, calls: int) -> float:
+    """Seconds per call of `fn(i)` run eagerly over the copies (a first estimate that sizes the graph)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _spin()
+    start.record()
+    for i in range(calls):
+        fn(i % copies)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls
+
+
+def capture(fn: Callable[[int], object], copies: int, calls: int) -> torch.cuda.CUDAGraph:
+    """A graph of `calls` invocations fn(0), fn(1), ... cycling over the copies; outputs are dropped.
+
+    fn must already have run once eagerly (lazy compilation and allocation happen outside the capture); the
+    warm-up on a side stream is what torch asks for before capturing.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(min(copies, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i % copies)
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_replay(graph: torch.cuda.CUDAGraph) -> float:
+    """Device seconds of one replay, bracketed by events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _spin()
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+class GraphTimer:
+    """One captured case: `round()` replays it once and returns the per-call seconds (also advancing
+    `device_clock`, which is what pytest-benchmark reads); `per_call` keeps every round's figure."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, calls: int, warmup: int = WARMUP_REPLAYS) -> None:
+        self.graph, self.calls = graph, calls
+        self.per_call: list[float] = []
+        for _ in range(warmup):
+            graph.replay()
+        torch.cuda.synchronize()
+
+    def round(self) -> float:
+        seconds = time_replay(self.graph) / self.calls
+        self.per_call.append(seconds)
+        device_clock.advance(seconds)
+        return seconds
+
+    def median(self) -> float:
+        return statistics.median(self.per_call)
+
+
+def copy_gbps(nbytes: int = 2**30, rounds: int = 10, device: torch.device | int | None = None) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read plus bytes written), median over rounds.
+
+    A 1 GiB buffer is many times any L2, so this is DRAM bandwidth: the roofline the GB/s columns are read
+    against.
+    """
+    dev = torch.device("cuda", device if isinstance(device, int) else torch.cuda.current_device()) \
+        if not isinstance(device, torch.device) else device
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize(dev)
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times) / 1e9
