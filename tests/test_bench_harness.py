@@ -333,3 +333,34 @@ def test_e2e_flow_on_a_tiny_model():
     assert "| llama3.1-8b | w4a16 |" in table and "W4A16 vs bf16" in table
     assert math.isclose(quant.weight_bytes / base.weight_bytes,
                         float(table.split("vs bf16: weights ")[1].split("x")[0]), rel_tol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plumbing into pytest-benchmark: what it stores is what the device clock was advanced by
+
+_FAKE_BENCH = '''
+from w4a16.bench import timing
+
+def test_fake(benchmark):
+    times = iter([3e-6, 1e-6, 2e-6, 5e-6, 4e-6])
+    benchmark.extra_info.update(model="m", layer="o", N=8, K=128, M=1, dtype="bf16", group_size=128,
+                                symmetric=True, backend="auto")
+    benchmark.pedantic(lambda: timing.device_clock.advance(next(times)), rounds=5, iterations=1)
+'''
+
+
+def test_pytest_benchmark_stores_device_clock_seconds(tmp_path):
+    (tmp_path / "test_fake.py").write_text(_FAKE_BENCH)
+    out = tmp_path / "run.json"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_fake.py"),
+               f"--rootdir={tmp_path}", f"--benchmark-timer={timing.DEVICE_CLOCK_NAME}",
+               f"--benchmark-storage=file://{tmp_path / 'store'}", "--benchmark-save=baseline",
+               f"--benchmark-json={out}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = results.load_run(out)
+    (record,) = run.records.values()
+    assert record.seconds == pytest.approx(3e-6)  # the median of the five advances
+    stored = results.newest_baseline(tmp_path / "store")
+    assert stored is not None and results.load_run(stored).records.keys() == run.records.keys()
+    assert json.loads(out.read_text())["benchmarks"][0]["stats"]["min"] == pytest.approx(1e-6)

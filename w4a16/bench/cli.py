@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import catalogue, results
+from .timing import DEVICE_CLOCK_NAME
 
 SET_ENV = "W4A16_BENCH_SET"
 MODELS_ENV = "W4A16_BENCH_MODELS"
@@ -128,7 +129,7 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
     json_path = out / f"{arch}-{set_name}-{stamp}.json"
     command = [
         sys.executable, "-m", "pytest", str(BENCH_TESTS), "-q", "-p", "no:cacheprovider", "--benchmark-only",
-        "--benchmark-timer=w4a16.bench.timing.device_clock", "--benchmark-sort=name",
+        f"--benchmark-timer={DEVICE_CLOCK_NAME}", "--benchmark-sort=name",
         f"--benchmark-storage=file://{storage}", f"--benchmark-json={json_path}", *_quiet_flag(),
         *([f"--benchmark-save={set_name}"] if args.save else []), *args.pytest_args,
     ]

@@ -40,6 +40,7 @@ class DeviceClock:
 
 # The one clock pytest-benchmark loads by name (it takes a module attribute, not a factory).
 device_clock = DeviceClock()
+DEVICE_CLOCK_NAME = f"{__name__}.device_clock"
 
 
 def l2_cache_bytes(device: torch.device | int | None = None) -> int | None:
