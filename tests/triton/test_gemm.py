@@ -1,0 +1,147 @@
+"""The fused Triton GEMM and the dequant_blas route against the fp32 reference.
+
+On CPU the kernels run in the Triton interpreter (fp16 only: the interpreter computes bf16 wrong); on a GPU the
+same cases run for real in fp16 and bf16, plus every DESIGN.md model shape at M in {6, 16, 128, 2048}.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from w4a16_testing import assert_matches_reference, random_activation, random_weight, require_tool
+
+import w4a16
+from w4a16.triton import dequant_blas_gemm, triton_gemm, unavailable_reason
+from w4a16.triton.configs import TileConfig, select_config
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def _kernels_available():
+    require_tool(unavailable_reason(torch.device(DEVICE)) is None, str(unavailable_reason(torch.device(DEVICE))))
+
+
+def _poisoned(m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _bias(n, dtype, generator):
+    return torch.randn(n, generator=generator).to(dtype=dtype, device=DEVICE)
+
+
+# (M, N, K): remainders in M and N against 16/32/64-wide tiles; K spans several K tiles.
+ODD_SHAPES = [(1, 40, 256), (17, 72, 384), (33, 130, 512), (6, 200, 256)]
+# Both orientations, split-K on and off, BLOCK_K below / at the group size (clamped by for_group).
+KERNEL_CONFIGS = [
+    TileConfig(16, 64, 128, 4, 2, 1, True),
+    TileConfig(32, 64, 64, 4, 2, 2, False),
+    TileConfig(16, 32, 32, 4, 1, 3, True),
+    TileConfig(64, 128, 128, 4, 2, 1, False),
+]
+CASES = [
+    (shape, cfg, g, sym)
+    for i, (cfg, g, sym) in enumerate(itertools.product(KERNEL_CONFIGS, (32, 64, 128), (True, False)))
+    for shape in [ODD_SHAPES[i % len(ODD_SHAPES)]]
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("shape", "config", "group_size", "symmetric"), CASES,
+                         ids=[f"{s}-{c.block_m}x{c.block_n}x{c.block_k}s{c.split_k}{'W' if c.w_left else 'X'}"
+                              f"-g{g}-{'sym' if y else 'asym'}" for s, c, g, y in CASES])
+def test_tiles(shape, config, group_size, symmetric, dtype, generator):
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k = shape
+    qw = random_weight(n, k, group_size, symmetric, dtype, DEVICE, generator)
+    x = random_activation(m, k, dtype, DEVICE, generator)
+    bias = _bias(n, dtype, generator) if (group_size == 64) != symmetric else None
+    out = launch_gemm(x, qw, bias, config.for_group(group_size), out=_poisoned(m, n, dtype))
+    assert_matches_reference(out, x, qw, bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("group_size", "symmetric"), [(32, False), (64, True), (128, False)])
+def test_dequant_blas(group_size, symmetric, dtype, generator):
+    from w4a16.triton.dequant_blas import dequantize_into
+
+    m, n, k = 5, 136, 384
+    qw = random_weight(n, k, group_size, symmetric, dtype, DEVICE, generator)
+    w = dequantize_into(qw, torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE))
+    torch.testing.assert_close(w, w4a16.dequantize(qw, dtype), rtol=0, atol=0)  # one rounding, same as the spec
+    x = random_activation(m, k, dtype, DEVICE, generator)
+    bias = _bias(n, dtype, generator)
+    assert_matches_reference(dequant_blas_gemm(x, qw, bias), x, qw, bias)
+
+
+@pytest.mark.parametrize("route", [triton_gemm, dequant_blas_gemm], ids=["triton", "dequant_blas"])
+def test_public_entry_points(route, generator):
+    """Table-selected config, non-contiguous x (made contiguous), M = 0."""
+    dtype = torch.float16
+    qw = random_weight(48, 256, 128, False, dtype, DEVICE, generator)
+    x = random_activation(256, 9, dtype, DEVICE, generator).t()  # [9, 256], column-major
+    assert not x.is_contiguous()
+    assert_matches_reference(route(x, qw), x, qw)
+    assert route(x[:0], qw).shape == (0, 48)
+
+
+def test_errors(generator):
+    qw = random_weight(16, 128, 128, True, torch.float16, DEVICE, generator)
+    x = random_activation(4, 128, torch.float16, DEVICE, generator)
+    with pytest.raises(ValueError, match="2-D"):
+        triton_gemm(x[None], qw)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        triton_gemm(x.float(), qw)
+    with pytest.raises(TypeError, match="scales dtype torch.bfloat16 must equal x's dtype torch.float16"):
+        triton_gemm(x, qw.to(dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="K=128"):
+        triton_gemm(x[:, :64], qw)
+    with pytest.raises(ValueError, match="bias must be a tensor of shape"):
+        triton_gemm(x, qw, torch.zeros(3, dtype=torch.float16, device=DEVICE))
+
+
+# --- GPU only: every model shape of DESIGN.md ------------------------------------------------------------------
+MODEL_SHAPES = [
+    (6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728),      # Qwen3-4B
+    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),     # Llama-3.1-8B
+    (24576, 4096), (4096, 12288),                                 # Qwen3-8B (qkv, o as Llama)
+    (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944),     # Qwen2.5-7B
+    (4096, 2560), (2560, 2048), (20480, 2560), (2560, 10240),     # gemma-3-4b
+    (6144, 2048), (2048, 2048), (16384, 2048), (2048, 8192),      # SmolLM2-1.7B
+]
+MODEL_CASES = [(nk, m) for nk in MODEL_SHAPES for m in (6, 16, 128, 2048)] if ON_GPU else []
+
+
+def _gpu_weight(n, k, group_size, symmetric, dtype, seed):
+    """random_weight built on the GPU (the CPU packing of 100M-element weights would dominate the test)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.int32)
+    scales = (torch.rand(n, k // group_size, device="cuda", generator=gen) * 0.02 + 0.002).to(dtype)
+    zeros = None if symmetric else torch.randint(0, 16, (n, k // group_size), device="cuda", generator=gen,
+                                                 dtype=torch.uint8)
+    return w4a16.QuantizedWeight(w4a16.pack_int4(q), scales, zeros, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="model-shape tests need a GPU (CPU runs the interpreter on small shapes)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("nk", "m"), MODEL_CASES, ids=[f"N{n}K{k}-M{m}" for (n, k), m in MODEL_CASES])
+def test_model_shapes(nk, m, dtype, generator):
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    n, k = nk
+    index = MODEL_CASES.index((nk, m))
+    group_size, symmetric = (32, 64, 128)[index % 3], index % 2 == 0
+    qw = _gpu_weight(n, k, group_size, symmetric, dtype, int(torch.randint(0, 2**31, (1,), generator=generator)))
+    x = random_activation(m, k, dtype, DEVICE, generator)
+    bias = _bias(n, dtype, generator) if index % 4 == 1 else None
+    config = select_config(w4a16.triton.table_arch(x.device), m, n, k, group_size)
+    out = launch_gemm(x, qw, bias, config, out=_poisoned(m, n, dtype))
+    assert_matches_reference(out, x, qw, bias)
+    if m == 2048:
+        assert_matches_reference(dequant_blas_gemm(x, qw, bias), x, qw, bias)

@@ -1,0 +1,107 @@
+"""The Triton prefill path: a fused-dequant GEMM (`triton_gemm`) and dequantize + vendor GEMM (`dequant_blas_gemm`).
+
+Import-light: triton and the kernels load on first use. Tile tables: `configs/<arch>.json`, selected in configs.py.
+On CPU the kernels run under the Triton interpreter, which needs TRITON_INTERPRET=1 in the environment before the
+kernel modules are first imported (triton.jit reads it at decoration time).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..arch import arch as _arch
+from ..layout import QuantizedWeight
+from ..reference import check_gemm_args
+
+_DTYPES = (torch.float16, torch.bfloat16)
+_INT32_MAX = 2**31 - 1
+
+
+def _kernel_module():
+    from . import gemm_kernel
+
+    return gemm_kernel
+
+
+def _interpreting() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_kernel_module().w4a16_gemm_kernel, InterpretedFunction)
+
+
+def unavailable_reason(device: torch.device | str) -> str | None:
+    """None when the Triton kernels can run on `device`; otherwise why not (for dispatch and skips)."""
+    device = torch.device(device)
+    try:
+        interpreting = _interpreting()
+    except Exception as exc:  # a missing or broken triton is a reason, not a crash
+        return f"triton is not importable: {type(exc).__name__}: {exc}"
+    if device.type == "cpu":
+        if not interpreting:
+            return ("the Triton kernel runs on CPU only under the interpreter: set TRITON_INTERPRET=1 before "
+                    "w4a16.triton's kernels are imported")
+        return None
+    if device.type == "cuda":
+        if interpreting:
+            return "TRITON_INTERPRET=1 was set when the kernels were imported: the GPU path is off in this process"
+        return None
+    return f"no Triton backend for device type {device.type!r}"
+
+
+def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, name: str) -> torch.Tensor:
+    check_gemm_args(x2d, qw, bias)
+    if x2d.dim() != 2:
+        raise ValueError(f"{name}: x2d must be 2-D [M, K], got shape {tuple(x2d.shape)}")
+    if x2d.dtype not in _DTYPES:
+        raise TypeError(f"{name}: x must be float16 or bfloat16, got {x2d.dtype}")
+    if qw.scales.dtype != x2d.dtype:
+        raise TypeError(f"{name}: scales dtype {qw.scales.dtype} must equal x's dtype {x2d.dtype} "
+                        f"(convert once with qw.to(dtype={x2d.dtype}))")
+    m, k = x2d.shape
+    for what, elements in (("M*K", m * k), ("M*N", m * qw.n), ("N*K", qw.n * k)):
+        if elements > _INT32_MAX:
+            raise ValueError(f"{name}: {what}={elements} exceeds the kernel's 32-bit indexing (2^31 - 1)")
+    reason = unavailable_reason(x2d.device)
+    if reason is not None:
+        raise RuntimeError(f"{name}: {reason}")
+    return x2d if x2d.stride(1) == 1 else x2d.contiguous()
+
+
+def table_arch(device: torch.device) -> str:
+    """The tile table's arch for `device` (the interpreter on CPU uses the generic table)."""
+    name = _arch(device)
+    return "generic" if name == "cpu" else name
+
+
+def triton_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x2d @ dequant(W)^T (+ bias) with the fused kernel: x2d [M, K] fp16/bf16 -> [M, N] in x's dtype."""
+    from .configs import select_config
+
+    x2d = _validate(x2d, qw, bias, "triton_gemm")
+    m = x2d.shape[0]
+    if m == 0:
+        return x2d.new_empty((0, qw.n))
+    config = select_config(table_arch(x2d.device), m, qw.n, qw.k, qw.group_size)
+    return _kernel_module().launch_gemm(x2d, qw, bias, config)
+
+
+def dequant_blas_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as `triton_gemm`, by dequantizing W into a reused workspace and calling torch.matmul.
+
+    Extra memory: one N*K workspace in x's dtype per device and dtype, kept between calls."""
+    from .dequant_blas import launch_dequant_blas
+
+    x2d = _validate(x2d, qw, bias, "dequant_blas_gemm")
+    if x2d.shape[0] == 0:
+        return x2d.new_empty((0, qw.n))
+    return launch_dequant_blas(x2d, qw, bias)
+
+
+def dequant_blas_min_m(device: torch.device | str) -> int | None:
+    """From this M on, dequant_blas_gemm measured faster than triton_gemm on this arch (None: never)."""
+    from .configs import dequant_blas_min_m as _min_m
+
+    return _min_m(table_arch(torch.device(device)))
+
+
+__all__ = ["dequant_blas_gemm", "dequant_blas_min_m", "triton_gemm", "unavailable_reason"]

@@ -1,0 +1,151 @@
+"""Fused-dequant W4A16 GEMM (the prefill path): y = x @ dequant(W)^T (+ bias), fp32 accumulation.
+
+    x       [M, K]       fp16/bf16, rows contiguous along K (stride_xm between rows)
+    qweight int32 [N, K // 8]   shuffle order (w4a16.layout): word c of row n holds k = 8c .. 8c + 7
+    scales  [N, K // G]  x's dtype;  zeros uint8 [N, K // G] or none (symmetric: z = 8)
+    y       [M, N]       x's dtype (stride_om between rows); bias [N] optional
+
+    dequant(W)[n, k] = (q[n, k] - z[n, k // G]) * s[n, k // G]
+
+Each program owns a BLOCK_M x BLOCK_N output tile and walks K in BLOCK_K steps. BLOCK_K divides G, so every K tile
+has one scale (and zero) per weight row: the tile is dequantized with the magic-number trick of dequant_tile.py
+(no int->float conversions) straight into the dot's input, and the packed weight is read once per M tile, in the
+shared layout, with no per-call repacking.
+
+Two orientations (TileConfig.w_left):
+- x-left: acc[BM, BN] += x[BM, BK] @ W[BN, BK]^T. On Hopper the weight, the right operand, must go through shared
+  memory before wgmma can read it.
+- w-left (the transposed product): acc[BN, BM] += W[BN, BK] @ x^T[BK, BM], stored transposed. wgmma reads its left
+  operand from registers, so the dequantized weight goes register -> tensor core, and the small token count M becomes
+  the MMA's N dimension (8..256), which suits M = 16..128.
+
+split_k > 1 splits the K loop over grid axis 1; partial sums go into an fp32 [M, N] buffer with atomic adds (bias
+by split 0), which the launcher casts to x's dtype. Programs are ordered in groups of GROUP_M tiles along M so the
+weight tiles they share stay in L2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import TileConfig
+from .dequant_tile import dequantize_tile
+
+GROUP_M = 8
+
+
+@triton.jit
+def w4a16_gemm_kernel(
+    x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,  # shapes and dtypes: see the module docstring
+    M, N, K, stride_xm, stride_om,
+    GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, W_LEFT: tl.constexpr, PTX_DEQUANT: tl.constexpr,
+):
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    MAGIC: tl.constexpr = 128.0 if DTYPE == tl.bfloat16 else 1024.0
+
+    # Grouped ordering: GROUP_M consecutive M tiles per column of N tiles.
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_group = GROUP_M * num_pid_n
+    first_m = (pid // tiles_per_group) * GROUP_M
+    group_rows = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_group) % group_rows
+    pid_n = (pid % tiles_per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kw = tl.arange(0, BLOCK_K // 8)
+    words_per_row = K // 8
+    groups_per_row = K // GROUP_SIZE
+
+    # K % GROUP_SIZE == 0 and BLOCK_K | GROUP_SIZE, so K tiles are whole: no K masks anywhere.
+    k_tiles = K // BLOCK_K
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    t_begin = pid_k * tiles_per_split
+    t_end = min(t_begin + tiles_per_split, k_tiles)
+
+    qw_ptrs = qw_ptr + offs_n[:, None] * words_per_row + offs_kw[None, :]
+    if W_LEFT:
+        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]  # x^T tile [BK, BM]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # x tile [BM, BK]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    for t in range(t_begin, t_end):
+        k0 = t * BLOCK_K
+        words = tl.load(qw_ptrs + k0 // 8, mask=mask_n[:, None], other=0)
+        group = k0 // GROUP_SIZE
+        scales = tl.load(scales_ptr + offs_n * groups_per_row + group, mask=mask_n, other=0.0)
+        if HAS_ZEROS:
+            zeros = tl.load(zeros_ptr + offs_n * groups_per_row + group, mask=mask_n, other=8)
+            zero_bias = (zeros.to(tl.float32) + MAGIC).to(DTYPE)
+        else:
+            zero_bias = tl.full((BLOCK_N,), MAGIC + 8.0, DTYPE)
+        w = dequantize_tile(words, scales, zero_bias, DTYPE, PTX_DEQUANT)  # [BN, BK]
+        if W_LEFT:
+            xt = tl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
+            acc = tl.dot(w, xt, acc)
+        else:
+            xs = tl.load(x_ptrs + k0, mask=mask_m[:, None], other=0.0)
+            acc = tl.dot(xs, tl.trans(w), acc)
+
+    if W_LEFT:
+        out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+        out_mask = mask_m[None, :] & mask_n[:, None]
+    else:
+        out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        out_mask = mask_m[:, None] & mask_n[None, :]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        bias = tl.where(pid_k == 0, bias, 0.0)  # split-K: only the first split adds it
+        acc += bias[:, None] if W_LEFT else bias[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
+
+
+def ptx_dequant_for(device: torch.device) -> bool:
+    """Whether the inline-PTX dequantization applies: NVIDIA sm_90+ (packed bf16x2 sub/mul need sm_90)."""
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def launch_gemm(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileConfig,
+                ptx_dequant: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch on a validated, row-contiguous x2d [M, K] with `config`; returns [M, N] in x's dtype.
+
+    `out` (optional, [M, N] in x's dtype, rows contiguous) receives the result; tests pass one filled with NaN."""
+    m, k = x2d.shape
+    n = qw.n
+    if ptx_dequant is None:
+        ptx_dequant = ptx_dequant_for(x2d.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    split_k = max(1, min(config.split_k, k // config.block_k))
+    # Split-K adds fp32 partial sums atomically, so it needs a zeroed fp32 buffer.
+    target = out if split_k == 1 else torch.zeros((m, n), dtype=torch.float32, device=x2d.device)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
+    zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
+    w4a16_gemm_kernel[grid](
+        x2d, qw.qweight, qw.scales, zeros, bias if bias is not None else qw.scales, target,
+        m, n, k, x2d.stride(0), target.stride(0),
+        GROUP_SIZE=qw.group_size, HAS_ZEROS=qw.zeros is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT_K=split_k, GROUP_M=GROUP_M, W_LEFT=config.w_left, PTX_DEQUANT=ptx_dequant,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split_k > 1:
+        out.copy_(target)
+    return out

@@ -1,0 +1,216 @@
+"""The tuner: sweep a pruned tile space on the current GPU and write `configs/<arch>.json`.
+
+    python -m w4a16.triton.tune [--out PATH] [--shapes llama3-8b,qwen3-4b] [--m 16,32,...] [--compare]
+
+For every benchmark shape (N, K) of DESIGN.md's chosen models and every M bucket it times each candidate config of
+that bucket (bf16, symmetric, G = 128; the table serves every dtype and format), the dequant_blas route and, for the
+report, torch bf16 matmul on pre-dequantized weights. Timing: triton.testing.do_bench (CUDA events, median), over a
+rotation of weight copies of >= 4x the L2 size so weights come from DRAM as in a model.
+
+The written table: per bucket an "any" rule holding the config with the best geometric-mean time relative to each
+shape's best, plus exact (N, K) overrides where a shape's own best is more than OVERRIDE_GAIN faster, plus
+`dequant_blas_min_m`: the smallest bucket from which dequant_blas beats the fused kernel on the geometric mean in
+that bucket and every larger one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from .configs import CONFIG_DIR, TileConfig
+
+SHAPES = {  # model -> (name, N, K), from DESIGN.md's benchmark protocol
+    "llama3-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
+    "qwen3-4b": [("qkv", 6144, 2560), ("o", 2560, 4096), ("gate_up", 19456, 2560), ("down", 2560, 9728)],
+}
+M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+GROUP_SIZE = 128
+OVERRIDE_GAIN = 1.03
+SMEM_BUDGET = 200 * 1024  # bytes, under Hopper's 227 KB per block with room for the layout-conversion buffer
+
+
+def smem_bytes(c: TileConfig) -> int:
+    """Pipelined x and packed-weight tiles per stage, plus one dequantized tile for the operand conversion."""
+    per_stage = c.block_m * c.block_k * 2 + c.block_n * c.block_k // 2
+    return c.num_stages * per_stage + c.block_n * c.block_k * 2
+
+
+def candidates(m: int) -> list[TileConfig]:
+    """The pruned space for bucket m: orientation and tile sizes that make sense at this M, within budgets."""
+    out = []
+    if m <= 64:  # weight-left: tokens are the MMA's N (16..64); split K to fill the GPU on narrow N
+        for bn, bk, split in itertools.product((64, 128), (64, 128), (1, 2, 4)):
+            out.append(TileConfig(max(16, m), bn, bk, 4, 4, split, True))
+    elif m <= 256:
+        for bm, bn, bk, split in itertools.product((64, 128), (64, 128), (64, 128), (1, 2)):
+            out.append(TileConfig(bm, bn, bk, 4, 4 if bk == 64 else 3, split, True))
+        out += [TileConfig(128, 128, 64, 8, 4, 1, False), TileConfig(64, 128, 64, 4, 4, 1, False)]
+    else:
+        for bm, bn, bk in itertools.product((128, 256), (64, 128, 256), (64, 128)):
+            for wl in (True, False):
+                warps = 8 if bm * bn >= 128 * 256 else 4
+                out.append(TileConfig(bm, bn, bk, warps, 4 if bk == 64 else 3, 1, wl))
+    keep = []
+    for c in out:
+        acc_regs = c.block_m * c.block_n // (32 * c.num_warps)
+        if GROUP_SIZE % c.block_k or smem_bytes(c) > SMEM_BUDGET or acc_regs > 128:
+            continue
+        if c.w_left and c.block_n % (16 * c.num_warps) and c.num_warps >= 4:
+            continue  # the weight rows are the wgmma M dimension: 64 per warpgroup
+        keep.append(c)
+    return keep
+
+
+def _rotation(nbytes: int) -> int:
+    """Copies of a weight needed to cover 4x the L2 so each call reads DRAM."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    return max(2, min(64, math.ceil(4 * l2 / max(nbytes, 1))))
+
+
+def _timer(fn_of_copy, copies: int):
+    import triton.testing
+
+    state = {"i": 0}
+
+    def call():
+        state["i"] = (state["i"] + 1) % copies
+        fn_of_copy(state["i"])
+
+    return lambda: triton.testing.do_bench(call, warmup=3, rep=12, return_mode="median") * 1e3  # µs
+
+
+def _make_weights(n: int, k: int, dtype: torch.dtype):
+    from ..layout import QuantizedWeight, pack_int4
+
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
+    scales = (torch.rand(n, k // GROUP_SIZE, device="cuda") * 0.02 + 0.002).to(dtype)
+    base = QuantizedWeight(pack_int4(q), scales, None, GROUP_SIZE)
+    copies = _rotation(base.nbytes())
+    return [QuantizedWeight(base.qweight.clone(), base.scales.clone(), None, GROUP_SIZE) for _ in range(copies)]
+
+
+def tune(shapes: list[tuple[str, str, int, int]], m_values: list[int], log=print, after_shape=None) -> dict:
+    """Time every candidate; returns {"results": [...], "table": {...}} (the table is the JSON to write).
+
+    `after_shape(results)` runs after each shape, so a run cut short still leaves a table of what it measured."""
+    from ..reference import dequantize
+    from .dequant_blas import launch_dequant_blas
+    from .gemm_kernel import launch_gemm
+
+    dtype = torch.bfloat16
+    results = []
+    total = len(shapes) * len(m_values)
+    done = 0
+    for model, name, n, k in shapes:
+        qws = _make_weights(n, k, dtype)
+        dense_copies = _rotation(n * k * 2)
+        dense = [dequantize(qws[i % len(qws)], dtype) for i in range(dense_copies)]
+        for m in m_values:
+            done += 1
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            row = {"model": model, "layer": name, "n": n, "k": k, "m": m, "configs": []}
+            row["torch_us"] = _timer(lambda i, x=x, qws=qws, dense=dense: x @ dense[i % len(dense)].t(), dense_copies)()
+            row["dequant_blas_us"] = _timer(lambda i, x=x, qws=qws, dense=dense: launch_dequant_blas(x, qws[i], None), len(qws))()
+            for cfg in candidates(m):
+                try:
+                    us = _timer(lambda i, c=cfg, x=x, qws=qws: launch_gemm(x, qws[i], None, c), len(qws))()
+                except Exception as exc:  # out of resources etc.: the config is simply not a candidate here
+                    log(f"    skip {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
+                    continue
+                row["configs"].append((cfg.to_json(), us))
+            best_cfg, best_us = min(row["configs"], key=lambda e: e[1])
+            log(f"[{done}/{total}] {model} {name} N={n} K={k} M={m}: best {best_us:.1f} µs {best_cfg} | "
+                f"torch bf16 {row['torch_us']:.1f} | dequant_blas {row['dequant_blas_us']:.1f}")
+            results.append(row)
+        torch.cuda.empty_cache()
+        if after_shape is not None:
+            after_shape(results)
+    return {"results": results, "table": build_table(results)}
+
+
+def build_table(results: list[dict]) -> dict:
+    buckets, overrides, blas_wins = [], [], {}
+    for m in sorted({r["m"] for r in results}):
+        rows = [r for r in results if r["m"] == m]
+        # Configs timed for every shape of the bucket, scored by geometric mean of time / shape's best.
+        times = [{json.dumps(c, sort_keys=True): us for c, us in r["configs"]} for r in rows]
+        common = set.intersection(*(set(t) for t in times))
+        best = [min(t.values()) for t in times]
+        score = {c: math.exp(sum(math.log(t[c] / b) for t, b in zip(times, best, strict=True)) / len(rows)) for c in common}
+        default = min(score, key=score.get)
+        buckets.append({"m": m, "rules": [{"when": "any", "config": json.loads(default)}]})
+        for r, t, b in zip(rows, times, best, strict=True):
+            own = min(t, key=t.get)
+            if t[default] > OVERRIDE_GAIN * b:
+                overrides.append({"n": r["n"], "k": r["k"], "m": m, "config": json.loads(own)})
+        fused = math.exp(sum(math.log(b) for b in best) / len(rows))
+        blas = math.exp(sum(math.log(r["dequant_blas_us"]) for r in rows) / len(rows))
+        blas_wins[m] = blas < fused
+    min_m = None
+    for m in sorted(blas_wins, reverse=True):
+        if not blas_wins[m]:
+            break
+        min_m = m
+    return {"buckets": buckets, "overrides": overrides, "dequant_blas_min_m": min_m}
+
+
+def write_table(arch: str, table: dict, path: Path) -> None:
+    import triton
+
+    data = {
+        "arch": arch,
+        "meta": {
+            "tool": "python -m w4a16.triton.tune (nox -s tune)",
+            "triton": triton.__version__,
+            "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(),
+            "device": torch.cuda.get_device_name(),
+            "how": f"do_bench median over rotated weights; bf16, symmetric, G={GROUP_SIZE}; shapes "
+                   f"{sorted(SHAPES)}; per bucket the best geometric-mean config plus exact-shape overrides "
+                   f"where a shape's own best is > {OVERRIDE_GAIN}x faster",
+        },
+        "defaults": {"num_stages": 3, "split_k": 1, "w_left": False},
+        **table,
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..arch import arch as current_arch
+
+    parser = argparse.ArgumentParser(prog="python -m w4a16.triton.tune", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="table path (default: the package's configs/<arch>.json)")
+    parser.add_argument("--results", type=Path, help="also write every timing here (JSON)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"models, from {sorted(SHAPES)}")
+    parser.add_argument("--m", default=",".join(map(str, M_BUCKETS)), help="M buckets")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tune needs a GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    arch = current_arch()
+    shapes = [(model, *s) for model in args.shapes.split(",") for s in SHAPES[model]]
+    m_values = [int(v) for v in args.m.split(",")]
+    print(f"tuning {arch} ({torch.cuda.get_device_name()}): {len(shapes)} shapes x {len(m_values)} M buckets, "
+          f"{sum(len(candidates(m)) for m in m_values)} configs per shape", flush=True)
+    path = args.out or CONFIG_DIR / f"{arch}.json"
+
+    def save(results: list[dict]) -> None:
+        write_table(arch, build_table(results), path)
+        if args.results:
+            args.results.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {path} ({len(results)} cases)", flush=True)
+
+    tune(shapes, m_values, log=lambda s: print(s, flush=True), after_shape=save)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
