@@ -52,7 +52,7 @@ def test_shipped_rules_at_their_boundaries(arch_name):
     # The largest K (a multiple of 128) that fits one row, and the next one.
     k_fit = r.skinny_staging_elements // 128 * 128
     assert decide(1, k_fit, r, **ALL) == "skinny"
-    assert decide(1, k_fit + 128, r, **ALL) == "triton" or k_fit + 128 <= r.skinny_staging_elements
+    assert decide(1, k_fit + 128, r, **ALL) == "triton"
     assert not r.skinny_fits(1, r.skinny_staging_elements + 1)
     if r.dequant_blas_min_m is not None:
         assert r.dequant_blas_min_m > r.skinny_max_m
@@ -195,3 +195,14 @@ def test_auto_runs_the_backend_choose_backend_names(monkeypatch, generator):
     x = torch.randn(2, 3, 128, generator=generator).half()
     assert_matches_reference(w4a16.gemm(x, qw), x, qw)
     assert calls == [(6, 128)], "auto decides on the flattened M"
+
+
+def test_gradient_flows_to_x(generator):
+    qw = random_weight(24, 128, 32, False, torch.float32, generator=generator)
+    x = torch.randn(2, 3, 128, generator=generator, dtype=torch.float64).float().requires_grad_()
+    grad = torch.randn(2, 3, 24, generator=generator)
+    w4a16.gemm(x, qw).backward(grad)
+    torch.testing.assert_close(x.grad, grad @ w4a16.dequantize(qw))
+    x16 = x.detach().half().requires_grad_()
+    torch.library.opcheck(torch.ops.w4a16.gemm.default,
+                          (x16, qw.qweight, qw.scales.half(), qw.zeros, 32, None, "auto"))

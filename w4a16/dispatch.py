@@ -30,7 +30,7 @@ import torch
 
 from .arch import arch
 from .layout import QuantizedWeight
-from .reference import check_gemm_args, reference_gemm
+from .reference import check_gemm_args, dequantize, reference_gemm
 
 BACKENDS = ("auto", "skinny", "triton", "dequant_blas", "reference")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -261,6 +261,23 @@ def _gemm_fake(x, qweight, scales, zeros, group_size, bias, backend):
     qw = _weight(qweight, scales, zeros, group_size)
     _check_call(x, qw, bias, backend)
     return x.new_empty((*x.shape[:-1], qw.n))
+
+
+def _setup_context(ctx, inputs, output):
+    _, qweight, scales, zeros, group_size, _, _ = inputs
+    ctx.save_for_backward(qweight, scales, zeros)
+    ctx.group_size = group_size
+
+
+def _backward(ctx, grad):
+    """d/dx only (the packed weight, scales, zeros and bias are buffers): grad_x = grad @ dequant(W), in fp32."""
+    qweight, scales, zeros = ctx.saved_tensors
+    w = dequantize(_weight(qweight, scales, zeros, ctx.group_size), torch.float32)
+    grad_x = (grad.to(torch.float32) @ w).to(grad.dtype) if ctx.needs_input_grad[0] else None
+    return grad_x, None, None, None, None, None, None
+
+
+gemm_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def gemm(
