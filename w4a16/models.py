@@ -133,6 +133,11 @@ def _parse_compressed_tensors(quant: dict) -> CheckpointScheme:
     status = quant.get("quantization_status", "compressed")
     if status != "compressed":
         raise _scheme_error(f"quantization_status {status!r}: only compressed (packed) checkpoints can be loaded")
+    sparsity = quant.get("sparsity_config") or {}
+    if sparsity and sparsity.get("format", "dense") != "dense":
+        raise _scheme_error(f"sparsity_config format {sparsity.get('format')!r}: sparse checkpoints are not supported")
+    if quant.get("transform_config"):
+        raise _scheme_error("transform_config (rotated weights) is not supported")
     groups = quant.get("config_groups") or {}
     if not groups:
         raise _scheme_error("config_groups is empty: nothing says how the weights are quantized")
