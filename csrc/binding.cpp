@@ -1,0 +1,161 @@
+// torch binding of the skinny kernel: torch.ops.w4a16.skinny_gemm and the limit queries.
+//
+// Every argument is checked here, before any launch, with an error that names the argument, what was expected
+// and what came (TypeError for dtypes, ValueError for everything else). The device code (skinny_kernel.cu) trusts
+// these checks and has no torch dependency.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "portability.h"
+#include "skinny_launch.h"
+
+namespace {
+
+using w4a16::ArchLimits;
+
+// The normalised architecture name of a device, spelled as in portability.h's table ("sm_90", "gfx1151").
+std::string arch_name(int device) {
+  const auto* props = at::cuda::getDeviceProperties(device);
+#if defined(USE_ROCM)
+  std::string name = props->gcnArchName;
+  return name.substr(0, name.find(':'));
+#else
+  return "sm_" + std::to_string(props->major) + std::to_string(props->minor);
+#endif
+}
+
+// The host's row of the one staging table; the same row the device pass compiled in (portability.h).
+ArchLimits host_limits(int device) {
+  return w4a16::arch_limits(w4a16::arch_id_from_name(arch_name(device).c_str()));
+}
+
+bool is_16bit_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+void check_aligned(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+                    " must start on a 16-byte boundary (the kernel reads it in 16-byte pieces); got a tensor at offset ",
+                    reinterpret_cast<uintptr_t>(t.data_ptr()) % 16, " bytes: pass a fresh contiguous tensor");
+}
+
+// Shape/dtype checks shared by the real and the meta implementation. Returns (M, N, K).
+std::vector<int64_t> check_args(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
+                                int64_t group_size) {
+  TORCH_CHECK_TYPE(is_16bit_float(x.scalar_type()), "x must be float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2, "x must be 2-D [M, K], got shape ", x.sizes());
+  TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous (row-major [M, K]), got strides ", x.strides());
+  TORCH_CHECK_TYPE(qweight.scalar_type() == at::kInt, "qweight must be int32 [N, K // 8], got ", qweight.scalar_type());
+  TORCH_CHECK_VALUE(qweight.dim() == 2 && qweight.size(0) > 0, "qweight must be 2-D [N, K // 8] with N > 0, got shape ",
+                    qweight.sizes());
+  TORCH_CHECK_VALUE(qweight.is_contiguous(), "qweight must be contiguous, got strides ", qweight.strides());
+  const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
+  TORCH_CHECK_VALUE(qweight.size(1) * 8 == k, "qweight must have K // 8 = ", k / 8, " columns for x with K=", k,
+                    ", got shape ", qweight.sizes());
+  TORCH_CHECK_VALUE(k > 0 && k % 16 == 0, "K=", k, " must be a positive multiple of 16");
+  TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128,
+                    "group_size must be one of (32, 64, 128), got ", group_size);
+  TORCH_CHECK_VALUE(k % group_size == 0, "K=", k, " must be a multiple of group_size=", group_size);
+  const int64_t groups = k / group_size;
+  TORCH_CHECK_TYPE(scales.scalar_type() == x.scalar_type(), "scales must have the activation dtype ",
+                   x.scalar_type(), ", got ", scales.scalar_type());
+  TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == groups,
+                    "scales must have shape [N, K // G] = [", n, ", ", groups, "], got ", scales.sizes());
+  TORCH_CHECK_VALUE(scales.is_contiguous(), "scales must be contiguous, got strides ", scales.strides());
+  if (zeros) {
+    TORCH_CHECK_TYPE(zeros->scalar_type() == at::kByte, "zeros must be uint8 raw zero points 0..15, got ",
+                     zeros->scalar_type());
+    TORCH_CHECK_VALUE(zeros->dim() == 2 && zeros->size(0) == n && zeros->size(1) == groups,
+                      "zeros must have shape [N, K // G] = [", n, ", ", groups, "], got ", zeros->sizes());
+    TORCH_CHECK_VALUE(zeros->is_contiguous(), "zeros must be contiguous, got strides ", zeros->strides());
+  }
+  if (bias) {
+    TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), "bias must have the activation dtype ", x.scalar_type(),
+                     ", got ", bias->scalar_type());
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, "bias must have shape [N] = [", n, "], got ",
+                      bias->sizes());
+    TORCH_CHECK_VALUE(bias->is_contiguous(), "bias must be contiguous, got strides ", bias->strides());
+  }
+  return {m, n, k};
+}
+
+at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                       const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
+                       int64_t group_size) {
+  const auto mnk = check_args(x, qweight, scales, zeros, bias, group_size);
+  const int64_t m = mnk[0], n = mnk[1], k = mnk[2];
+  TORCH_CHECK_VALUE(x.is_cuda(), "x must be on a GPU, got ", x.device());
+  for (const at::Tensor* t : {&qweight, &scales}) {
+    TORCH_CHECK_VALUE(t->device() == x.device(), "all operands must be on x's device ", x.device(), ", got ",
+                      t->device());
+  }
+  if (zeros) TORCH_CHECK_VALUE(zeros->device() == x.device(), "zeros are on ", zeros->device(), " but x is on ", x.device());
+  if (bias) TORCH_CHECK_VALUE(bias->device() == x.device(), "bias is on ", bias->device(), " but x is on ", x.device());
+  const ArchLimits limits = host_limits(x.get_device());
+  TORCH_CHECK_VALUE(m >= 1 && m <= limits.max_rows, "the skinny kernel takes 1..", limits.max_rows,
+                    " activation rows on ", arch_name(x.get_device()), ", got M=", m);
+  TORCH_CHECK_VALUE(m * k <= limits.staging_elements, "K * M = ", k, " * ", m, " = ", k * m,
+                    " activation elements exceed the staging budget of ", limits.staging_elements, " on ",
+                    arch_name(x.get_device()), " (use the Triton path for this shape)");
+  TORCH_CHECK_VALUE(n <= INT32_MAX / 2 && n * k / 2 < (int64_t(1) << 40), "N=", n, " is out of range");
+  check_aligned(x, "x");
+  check_aligned(qweight, "qweight");
+
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({m, n}, x.options());
+  w4a16::SkinnyArgs args;
+  args.x = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  args.qweight = qweight.data_ptr<int32_t>();
+  args.scales = reinterpret_cast<const uint16_t*>(scales.data_ptr());
+  args.zeros = zeros ? zeros->data_ptr<uint8_t>() : nullptr;
+  args.bias = bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr;
+  args.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  args.m = static_cast<int>(m);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  args.group_size = static_cast<int>(group_size);
+  args.bf16 = x.scalar_type() == at::kBFloat16;
+  const char* error = "";
+  const auto status = w4a16::skinny_launch(args, at::cuda::getCurrentCUDAStream().stream(), &error);
+  TORCH_CHECK(status != w4a16::SkinnyStatus::unsupported, "skinny kernel: no instantiation for M=", m,
+              ", group_size=", group_size);
+  TORCH_CHECK(status == w4a16::SkinnyStatus::ok, "skinny kernel launch failed (M=", m, ", N=", n, ", K=", k,
+              "): ", error);
+  return out;
+}
+
+at::Tensor skinny_gemm_meta(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                            const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
+                            int64_t group_size) {
+  const auto mnk = check_args(x, qweight, scales, zeros, bias, group_size);
+  return at::empty({mnk[0], mnk[1]}, x.options());
+}
+
+// {max_rows, staging_elements} of the host table for a device.
+std::vector<int64_t> skinny_limits(int64_t device) {
+  const ArchLimits l = host_limits(static_cast<int>(device));
+  return {l.max_rows, l.staging_elements};
+}
+
+// {max_rows, staging_elements} as compiled into the device code, read back by a probe kernel.
+std::vector<int64_t> skinny_device_limits(int64_t device) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  int out[2] = {0, 0};
+  TORCH_CHECK(w4a16::skinny_device_limits(at::cuda::getCurrentCUDAStream().stream(), out),
+              "the staging-limit probe kernel failed on device ", device);
+  return {out[0], out[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(w4a16, m) {
+  m.def("skinny_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size) -> Tensor");
+  m.def("skinny_limits(int device) -> int[]", &skinny_limits);
+  m.def("skinny_device_limits(int device) -> int[]", &skinny_device_limits);
+}
+
+TORCH_LIBRARY_IMPL(w4a16, CUDA, m) { m.impl("skinny_gemm", &skinny_gemm); }
+TORCH_LIBRARY_IMPL(w4a16, Meta, m) { m.impl("skinny_gemm", &skinny_gemm_meta); }

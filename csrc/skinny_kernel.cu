@@ -1,0 +1,111 @@
+// Instantiations of the skinny kernel and its host-side launcher. No torch here: this file compiles alone for
+// sm_90 (nvcc) and gfx1151/gfx1201 (clang HIP), which is how CI checks the device code without a GPU.
+#include "skinny_kernel.cuh"
+#include "skinny_launch.h"
+
+#include <algorithm>
+
+namespace w4a16 {
+
+// The kernel is instantiated for M = 1..kInstantiatedRows; no arch may promise more.
+constexpr int kInstantiatedRows = 5;
+#define W4A16_ROWS_ROW(name, rows, elements, hw_bytes) \
+  static_assert((rows) <= kInstantiatedRows, "max_rows of " #name " exceeds the instantiated kernels");
+W4A16_ARCH_TABLE(W4A16_ROWS_ROW)
+#undef W4A16_ROWS_ROW
+
+// The probe variable the instruction checks read out of the compiled device code (portability.h).
+extern "C" __device__ int w4a16_device_staging_elements = W4A16_DEVICE_LIMITS.staging_elements;
+
+namespace {
+
+int multiprocessor_count() {
+  static int cached[64] = {0};
+  int device = 0;
+  if (w4a16GetDevice(&device) != w4a16Success || device < 0 || device >= 64) return 1;
+  if (!cached[device]) {
+    int count = 0;
+    w4a16DeviceGetAttribute(&count, w4a16AttrMultiProcessorCount, device);
+    cached[device] = count > 0 ? count : 1;
+  }
+  return cached[device];
+}
+
+template <typename Tag, int G, bool kSymmetric, int M>
+SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** error) {
+  auto kernel = skinny_gemm_kernel<Tag, G, kSymmetric, M>;
+  const int bytes = staging_bytes(M * a.k);
+  // Opt in to more than 48 KB of dynamic shared memory up to what this launch needs; the binding has already
+  // checked M * K against the device's staging budget, whose bytes the hardware can hold (portability.h).
+  static int opted_in = 0;
+  if (bytes > opted_in) {
+    if (w4a16FuncSetAttribute(reinterpret_cast<const void*>(kernel), w4a16FuncAttrMaxDynamicShared, bytes) !=
+        w4a16Success) {
+      *error = w4a16GetErrorString(w4a16GetLastError());
+      return SkinnyStatus::launch_failed;
+    }
+    opted_in = bytes;
+  }
+  const int waves_per_block = kBlockThreads / kWaveSize;
+  const int blocks = std::min(multiprocessor_count(), std::max(1, (a.n + waves_per_block - 1) / waves_per_block));
+  kernel<<<blocks, kBlockThreads, bytes, stream>>>(a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales,
+                                                   a.zeros, a.bias, a.out, a.n, a.k);
+  const gpuError_t status = w4a16GetLastError();
+  if (status != w4a16Success) {
+    *error = w4a16GetErrorString(status);
+    return SkinnyStatus::launch_failed;
+  }
+  return SkinnyStatus::ok;
+}
+
+template <typename Tag, int G, bool kSymmetric>
+SkinnyStatus by_rows(const SkinnyArgs& a, gpuStream_t s, const char** e) {
+  switch (a.m) {
+    case 1: return launch_one<Tag, G, kSymmetric, 1>(a, s, e);
+    case 2: return launch_one<Tag, G, kSymmetric, 2>(a, s, e);
+    case 3: return launch_one<Tag, G, kSymmetric, 3>(a, s, e);
+    case 4: return launch_one<Tag, G, kSymmetric, 4>(a, s, e);
+    case 5: return launch_one<Tag, G, kSymmetric, 5>(a, s, e);
+    default: return SkinnyStatus::unsupported;
+  }
+}
+
+template <typename Tag, int G>
+SkinnyStatus by_format(const SkinnyArgs& a, gpuStream_t s, const char** e) {
+  return a.zeros ? by_rows<Tag, G, false>(a, s, e) : by_rows<Tag, G, true>(a, s, e);
+}
+
+template <typename Tag>
+SkinnyStatus by_group(const SkinnyArgs& a, gpuStream_t s, const char** e) {
+  switch (a.group_size) {
+    case 32: return by_format<Tag, 32>(a, s, e);
+    case 64: return by_format<Tag, 64>(a, s, e);
+    case 128: return by_format<Tag, 128>(a, s, e);
+    default: return SkinnyStatus::unsupported;
+  }
+}
+
+}  // namespace
+
+SkinnyStatus skinny_launch(const SkinnyArgs& args, void* stream, const char** error) {
+  gpuStream_t s = static_cast<gpuStream_t>(stream);
+  return args.bf16 ? by_group<Bf16Tag>(args, s, error) : by_group<Fp16Tag>(args, s, error);
+}
+
+bool skinny_device_limits(void* stream, int out[2]) {
+  int* device_out = nullptr;
+#if defined(W4A16_HIP)
+  if (hipMalloc(&device_out, 2 * sizeof(int)) != hipSuccess) return false;
+  skinny_limits_probe<<<1, 1, 0, static_cast<gpuStream_t>(stream)>>>(device_out);
+  const bool ok = hipMemcpy(out, device_out, 2 * sizeof(int), hipMemcpyDeviceToHost) == hipSuccess;
+  hipFree(device_out);
+#else
+  if (cudaMalloc(&device_out, 2 * sizeof(int)) != cudaSuccess) return false;
+  skinny_limits_probe<<<1, 1, 0, static_cast<gpuStream_t>(stream)>>>(device_out);
+  const bool ok = cudaMemcpy(out, device_out, 2 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(device_out);
+#endif
+  return ok;
+}
+
+}  // namespace w4a16

@@ -1,0 +1,107 @@
+"""The device code compiles alone for sm_90 (nvcc) and gfx1151/gfx1201 (clang-19 HIP), without spills, with the
+instructions it was written for, and with the staging budget of the one table (csrc/portability.h)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from w4a16_testing import require_tool
+
+from w4a16 import skinny, skinny_build
+from w4a16.skinny_build import CSRC, ToolMissing
+
+HERE = Path(__file__).parent
+# 2 dtypes x 3 group sizes x {sym, asym} x M = 1..5
+INSTANTIATIONS = 2 * 3 * 2 * 5
+
+
+def _tool_reason(arch: str) -> str | None:
+    if arch == "sm_90":
+        return None if skinny_build.nvcc_path() else "nvcc is needed to compile the skinny kernel for sm_90"
+    if not skinny_build.hip_compiler_path():
+        return f"clang-19 is needed to compile the skinny kernel for {arch} (apt-get install clang-19 lld-19)"
+    if not skinny_build.hip_headers_present():
+        return "Debian's HIP headers are needed (apt-get install libamdhip64-dev)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    """All three targets compiled once, in parallel (the three compilers take ~15-25 s each)."""
+    out = tmp_path_factory.mktemp("asm")
+
+    def one(arch):
+        if _tool_reason(arch):
+            return arch, None
+        try:
+            return arch, skinny_build.asm_stats(arch, skinny_build.compile_device(arch, out / arch))
+        except ToolMissing:
+            return arch, None
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(one, skinny_build.ASM_ARCHS))
+
+
+@pytest.mark.parametrize("arch", skinny_build.ASM_ARCHS)
+def test_compiles_without_spills(compiled, arch):
+    require_tool(compiled[arch] is not None, _tool_reason(arch) or f"compiler for {arch}")
+    stats = compiled[arch]
+    assert stats["kernels"] == INSTANTIATIONS
+    assert stats["spills"] == 0, skinny_build.format_summary(stats)
+    assert stats["scratch_bytes"] == 0, skinny_build.format_summary(stats)
+    # Activations live in dynamic shared memory sized by the host from the table; nothing static on top.
+    assert stats["static_shared_bytes"] == 0
+
+
+@pytest.mark.parametrize("arch", skinny_build.ASM_ARCHS)
+def test_device_staging_budget_is_the_tables(compiled, arch):
+    require_tool(compiled[arch] is not None, _tool_reason(arch) or f"compiler for {arch}")
+    if arch == "sm_90":
+        require_tool(skinny_build.cuobjdump_path() is not None, "cuobjdump (CUDA or Triton's copy) reads the sm_90 probe")
+    assert compiled[arch]["probe_staging_elements"] == skinny.limits(arch)[1]
+
+
+@pytest.mark.parametrize("arch", skinny_build.ASM_ARCHS)
+def test_instructions_of_interest(compiled, arch):
+    require_tool(compiled[arch] is not None, _tool_reason(arch) or f"compiler for {arch}")
+    stats = compiled[arch]
+    counts = {label.split(" ")[0]: n for label, n in stats["instructions"].items()}
+    summary = skinny_build.format_summary(stats)
+    if arch.startswith("gfx"):
+        dot2 = counts["v_dot2"]
+        assert dot2 > 0, summary
+        assert counts["global_load_b128"] > 0 and counts["ds_load_b128"] > 0, summary
+        assert counts["cross-lane"] > 0, summary
+        # The magic OR did not turn into per-weight int->float conversions: those are per chunk at most.
+        assert counts["int->float"] * 16 < dot2, summary
+    elif stats["kind"] == "sass":
+        assert counts["FFMA"] > 0 and counts["LOP3"] > 0 and counts["SHFL"] > 0, summary
+        assert counts["LDG.E.128"] > 0 and counts["LDS.128"] > 0, summary
+        assert counts["I2F"] * 32 < counts["FFMA"], summary
+
+
+def test_host_table_matches_python_parser(tmp_path):
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++-19")
+    require_tool(compiler is not None, "a host C++ compiler is needed to read the table through C++")
+    exe = tmp_path / "limits_host_check"
+    subprocess.run([compiler, "-std=c++17", f"-I{CSRC}", str(HERE / "limits_host_check.cpp"), "-o", str(exe)],
+                   check=True)
+    names = [*skinny.arch_table(), "sm_80", "gfx942"]
+    out = subprocess.run([str(exe), *names], capture_output=True, text=True, check=True).stdout.split("\n")
+    for name, line in zip(names, out):
+        arch, rows, elements, nbytes = line.split()
+        assert arch == name
+        assert (int(rows), int(elements)) == skinny.limits(name)
+        assert int(nbytes) <= skinny.arch_table().get(name, skinny.arch_table()["generic"])[2]
+
+
+def test_asm_summary_text(compiled, tmp_path):
+    require_tool(compiled["gfx1151"] is not None, _tool_reason("gfx1151") or "clang-19 for gfx1151")
+    text = skinny_build.format_summary(compiled["gfx1151"])  # what asm_summary prints, from the shared compile
+    assert "v_dot2" in text and "spills: 0" in text and "30720 elements" in text
+    with pytest.raises(ValueError, match="arch must be one of"):
+        skinny_build.asm_summary("sm_75", tmp_path)

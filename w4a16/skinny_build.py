@@ -1,0 +1,314 @@
+"""Building the skinny kernel (csrc/) as a torch extension, and compiling it alone for instruction checks.
+
+`build()` compiles csrc/binding.cpp + csrc/skinny_kernel.cu with `torch.utils.cpp_extension` against the running
+torch, for the GPUs present (`-gencode=arch=compute_90,code=sm_90` on Hopper, never nvcc's generic default;
+`--offload-arch=gfxNNNN` on ROCm), in a cached build directory; loading it registers `torch.ops.w4a16.*`.
+
+`asm_summary(arch, out_dir)` needs no GPU and no torch build: it compiles csrc/skinny_kernel.cu for sm_90 (nvcc,
+then cuobjdump when one is found) or gfx1151/gfx1201 (clang-19 HIP with Debian's libamdhip64-dev headers) and
+summarises the instructions that matter (dot2 / packed math, shuffles, the magic-number bit ops, conversions),
+registers, spills/scratch and shared memory. `python -m w4a16.skinny_build` is what `nox -s build` runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+EXTENSION_SOURCES = ("binding.cpp", "skinny_kernel.cu")
+DEVICE_SOURCE = "skinny_kernel.cu"
+EXTENSION_NAME = "w4a16_skinny"
+ASM_ARCHS = ("sm_90", "gfx1151", "gfx1201")
+PROBE_SYMBOL = "w4a16_device_staging_elements"
+HIP_COMPILER = "clang-19"
+
+# Instructions of interest per target: (label, regex over assembly lines).
+_AMD_PATTERNS = {
+    "v_dot2 (packed dot, fp32 accumulate)": r"\bv_(?:dual_)?dot2\w*",
+    "v_pk_* (packed 16-bit math)": r"\bv_pk_\w+",
+    "v_and_or_b32 / v_or_b32 (magic-number OR)": r"\bv_(?:and_or|or)_b32\w*",
+    "v_cvt_* (conversions)": r"\bv_cvt_\w+",
+    "int->float conversions (zero points and indices only; weights use the magic OR)": r"\bv_cvt_f(?:16|32)_[iu](?:8|16|32)\w*|\bv_cvt_f32_ubyte\d\w*",
+    "cross-lane (ds_swizzle / ds_bpermute / dpp / v_permlane)": r"\bds_swizzle\w*|\bds_bpermute\w*|\bv_permlane\w*|\bdpp\b|row_\w+:|quad_perm",
+    "global_load_b128 (16-byte weight loads)": r"\bglobal_load_(?:b128|dwordx4)\b",
+    "ds_load_b128 (16-byte LDS reads)": r"\bds_(?:load|read)_(?:b128|b96|2addr_b64|b64)\b",
+}
+_SASS_PATTERNS = {
+    "FFMA (fp32 FMA)": r"\bFFMA\b",
+    "HFMA2 / HADD2 / HMUL2 (packed 16-bit math)": r"\bH(?:FMA2|ADD2|MUL2)\b(?!\.F32)",
+    "LOP3 (magic-number bit ops)": r"\bLOP3\b",
+    "F2F / HADD2.F32 (conversions)": r"\bF2F\b|\bHADD2\.F32\b",
+    "I2F (int->float: zero points and indices only; weights use the magic OR)": r"\bI2F\b",
+    "SHFL (lane shuffles)": r"\bSHFL\b",
+    "LDG.E.128 (16-byte weight loads)": r"\bLDG\.E\.[A-Z0-9_.]*128\b",
+    "LDS.128 (16-byte shared reads)": r"\bLDS\.128\b",
+}
+_PTX_PATTERNS = {
+    "fma.rn.f32": r"\bfma\.rn\.f32\b",
+    "lop3 / or.b32 (magic-number bit ops)": r"\blop3\.b32\b|\bor\.b32\b",
+    "cvt.f32.f16 (conversions)": r"\bcvt\.f32\.f16\b",
+    "cvt.rn.f32.[su]32 (int->float: zero points and indices only)": r"\bcvt\.rn\.f32\.[su]32\b",
+    "shfl.sync.bfly": r"\bshfl\.sync\.bfly\b",
+    "ld.global.nc.L1::no_allocate.v4 (16-byte weight loads)": r"\bld\.global\.nc\.L1::no_allocate\.v4\b",
+    "ld.shared.v4": r"\bld\.shared\.v4\b",
+}
+
+
+class ToolMissing(RuntimeError):
+    """A compiler or disassembler the summary needs is not installed."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tools
+# ---------------------------------------------------------------------------------------------------------------
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    candidate = Path(cuda_home) / "bin" / "nvcc"
+    return str(candidate) if candidate.exists() else None
+
+
+def cuobjdump_path() -> str | None:
+    """cuobjdump on PATH, next to nvcc, or the copy Triton's wheel ships (found without importing triton)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    nvcc = nvcc_path()
+    if nvcc:
+        for folder in (Path(nvcc).resolve().parent, Path(nvcc).parent):
+            if (folder / "cuobjdump").exists():
+                return str(folder / "cuobjdump")
+    import importlib.util
+
+    spec = importlib.util.find_spec("triton")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+def hip_compiler_path() -> str | None:
+    return shutil.which(HIP_COMPILER)
+
+
+def hip_headers_present() -> bool:
+    return Path("/usr/include/hip/hip_runtime.h").exists()
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Device-only compilation and the instruction summary
+# ---------------------------------------------------------------------------------------------------------------
+def compile_device(arch: str, out_dir: str | os.PathLike, defines: tuple[str, ...] = ()) -> dict:
+    """Compile csrc/skinny_kernel.cu for `arch` into out_dir; return {'asm': path, 'log': compiler stderr, 'kind'}."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source = str(CSRC / DEVICE_SOURCE)
+    flags = ["-O3", "-std=c++17", *(f"-D{d}" for d in defines)]
+    if arch == "sm_90":
+        nvcc = nvcc_path()
+        if not nvcc:
+            raise ToolMissing("nvcc (CUDA 12+) is needed to compile for sm_90")
+        cubin = out / "skinny_sm_90.cubin"
+        log = _run([nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", *flags, source, "-o", str(cubin)]).stderr
+        cuobjdump = cuobjdump_path()
+        if cuobjdump:
+            sass = _run([cuobjdump, "-sass", str(cubin)]).stdout
+            asm = out / "skinny_sm_90.sass"
+            asm.write_text(sass)
+            return {"asm": asm, "log": log, "kind": "sass"}
+        asm = out / "skinny_sm_90.ptx"
+        _run([nvcc, "-arch=sm_90", "-ptx", *flags, source, "-o", str(asm)])
+        return {"asm": asm, "log": log, "kind": "ptx"}
+    if arch in ("gfx1151", "gfx1201"):
+        clang = hip_compiler_path()
+        if not clang:
+            raise ToolMissing(f"{HIP_COMPILER} is needed to compile for {arch} (apt-get install clang-19 lld-19)")
+        if not hip_headers_present():
+            raise ToolMissing("HIP headers are needed (apt-get install libamdhip64-dev)")
+        asm = out / f"skinny_{arch}.s"
+        log = _run([clang, "-x", "hip", f"--offload-arch={arch}", "-nogpulib", "--cuda-device-only", "-S", *flags,
+                    source, "-o", str(asm)]).stderr
+        return {"asm": asm, "log": log, "kind": "amdgcn"}
+    raise ValueError(f"arch must be one of {ASM_ARCHS}, got {arch!r}")
+
+
+def _count(patterns: dict[str, str], text: str) -> dict[str, int]:
+    return {label: len(re.findall(pattern, text)) for label, pattern in patterns.items()}
+
+
+def asm_stats(arch: str, compiled: dict) -> dict:
+    """Numbers from a compile_device result: instruction counts, registers, spills, shared memory, probe value."""
+    text = Path(compiled["asm"]).read_text()
+    log = compiled["log"]
+    stats: dict = {"arch": arch, "kind": compiled["kind"]}
+    if arch.startswith("gfx"):
+        stats["instructions"] = _count(_AMD_PATTERNS, text)
+        # Kernel metadata: .symbol comes a few lines before .vgpr_count; keep the GEMM kernels (not the probe).
+        vgprs = [int(v) for v in re.findall(
+            r"^\s+\.symbol:\s+\S*skinny_gemm_kernel\S*\n(?:.*\n){0,6}?\s+\.vgpr_count:\s+(\d+)", text, re.M)]
+        stats["kernels"] = len(re.findall(r"^\s+\.symbol:\s+\S*skinny_gemm_kernel", text, re.M))
+        stats["registers"] = (min(vgprs), max(vgprs)) if vgprs else (0, 0)
+        stats["spills"] = sum(int(v) for v in re.findall(r"^\s+\.[vs]gpr_spill_count:\s+(\d+)", text, re.M))
+        stats["scratch_bytes"] = max((int(v) for v in re.findall(r"^\s+\.private_segment_fixed_size:\s+(\d+)", text, re.M)), default=0)
+        stats["static_shared_bytes"] = max((int(v) for v in re.findall(r"^\s+\.group_segment_fixed_size:\s+(\d+)", text, re.M)), default=0)
+        probe = re.search(rf"^{PROBE_SYMBOL}:\s*\n\s*\.long\s+(\d+)", text, re.M)
+    else:
+        stats["instructions"] = _count(_SASS_PATTERNS if compiled["kind"] == "sass" else _PTX_PATTERNS, text)
+        regs = [int(v) for v in re.findall(r"skinny_gemm_kernel[^\n]*\n[^\n]*\n[^\n]*Used (\d+) registers", log)]
+        stats["kernels"] = len(re.findall(r"Compiling entry function '\S*skinny_gemm_kernel", log))
+        stats["registers"] = (min(regs), max(regs)) if regs else (0, 0)
+        stats["spills"] = sum(int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log))
+        stats["scratch_bytes"] = max((int(v) for v in re.findall(r"(\d+) bytes stack frame", log)), default=0)
+        stats["static_shared_bytes"] = max((int(v) for v in re.findall(r"(\d+) bytes smem", log)), default=0)
+        probe = None
+        cubin = Path(compiled["asm"]).with_suffix(".cubin")
+        if cubin.exists():
+            probe = _cubin_probe(cubin)
+    stats["probe_staging_elements"] = int(probe.group(1)) if hasattr(probe, "group") else probe
+    return stats
+
+
+def _cubin_probe(cubin: Path) -> int | None:
+    """The initial value of the probe variable in an sm_90 cubin (cuobjdump -elf shows the .nv.global.init bytes)."""
+    cuobjdump = cuobjdump_path()
+    if not cuobjdump:
+        return None
+    elf = subprocess.run([cuobjdump, "-elf", str(cubin)], capture_output=True, text=True).stdout
+    # The section dump: a line ".nv.global.init" followed by its 32-bit words; the probe is the only variable.
+    words = re.search(r"^\.nv\.global\.init\s*\n\s*0x([0-9a-fA-F]{8})", elf, re.M)
+    return int(words.group(1), 16) if words else None
+
+
+def format_summary(stats: dict) -> str:
+    lines = [f"skinny kernel, {stats['arch']} ({stats['kind']}): {stats['kernels']} kernel instantiations"]
+    lo, hi = stats["registers"]
+    unit = "VGPRs" if stats["arch"].startswith("gfx") else "registers"
+    lines.append(f"  {unit} per thread: {lo}..{hi}; spills: {stats['spills']} ; scratch/stack: {stats['scratch_bytes']} B;"
+                 f" static shared: {stats['static_shared_bytes']} B (activations use dynamic shared memory)")
+    lines.append(f"  staging budget compiled into the device code: {stats['probe_staging_elements']} elements")
+    for label, count in stats["instructions"].items():
+        lines.append(f"  {count:8d}  {label}")
+    return "\n".join(lines)
+
+
+def asm_summary(arch: str, out_dir: str | os.PathLike) -> tuple[Path, str]:
+    """Compile the device code for `arch` (sm_90, gfx1151, gfx1201); return (assembly path, summary text)."""
+    compiled = compile_device(arch, out_dir)
+    return Path(compiled["asm"]), format_summary(asm_stats(arch, compiled))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The torch extension
+# ---------------------------------------------------------------------------------------------------------------
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.glob("*")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def device_archs() -> list[str]:
+    """Normalised architectures of the visible GPUs (empty without a GPU torch)."""
+    import torch
+
+    from .arch import arch
+
+    if not torch.cuda.is_available():
+        return []
+    return sorted({arch(torch.device("cuda", i)) for i in range(torch.cuda.device_count())})
+
+
+def build_directory(archs: list[str], create: bool = True) -> Path:
+    """Cached per torch version, GPU architectures and source contents; W4A16_BUILD_DIR overrides the root."""
+    import torch
+
+    root = Path(os.environ.get("W4A16_BUILD_DIR", Path.home() / ".cache" / "w4a16" / "skinny"))
+    tag = f"torch{torch.__version__}-{'-'.join(archs)}-{_sources_digest()}".replace("+", "_")
+    path = root / tag
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def library_path(archs: list[str]) -> Path:
+    """Where build() leaves the shared library for these architectures and the current sources."""
+    return build_directory(archs, create=False) / f"{EXTENSION_NAME}.so"
+
+
+def arch_flags(archs: list[str], rocm: bool) -> list[str]:
+    if rocm:
+        return [f"--offload-arch={a}" for a in archs]
+    flags = []
+    for a in archs:
+        cc = a.removeprefix("sm_")
+        flags.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
+    return flags
+
+
+def build(verbose: bool = False) -> Path:
+    """Build (or reuse) the extension for the GPUs present and load it; returns the build directory."""
+    import torch
+    from torch.utils import cpp_extension
+
+    archs = device_archs()
+    if not archs:
+        raise RuntimeError(
+            "building the skinny kernel needs a CUDA or ROCm build of torch and a visible GPU; "
+            f"this torch is {torch.__version__} (cuda available: {torch.cuda.is_available()})"
+        )
+    rocm = bool(getattr(torch.version, "hip", None))
+    directory = build_directory(archs)
+    cuda_flags = ["-O3", "-std=c++17", *arch_flags(archs, rocm)]
+    if not rocm:
+        cuda_flags += ["-Xptxas=-v"] if verbose else []
+    cpp_extension.load(
+        name=EXTENSION_NAME,
+        sources=[str(CSRC / s) for s in EXTENSION_SOURCES],
+        extra_cflags=["-O3", "-std=c++17"],
+        extra_cuda_cflags=cuda_flags,
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(directory),
+        is_python_module=False,
+        verbose=verbose,
+    )
+    return directory
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`nox -s build`: build and load the extension, then print what the device reports."""
+    import torch
+
+    try:
+        directory = build(verbose="-v" in (argv or sys.argv[1:]))
+    except RuntimeError as exc:
+        print(f"nox -s build: {exc}", file=sys.stderr)
+        return 1
+    for i in range(torch.cuda.device_count()):
+        host = list(torch.ops.w4a16.skinny_limits(i))
+        dev = list(torch.ops.w4a16.skinny_device_limits(i))
+        print(f"device {i} {torch.cuda.get_device_name(i)}: max_rows, staging_elements host={host} device={dev}")
+        if host != dev:
+            print("the host table and the compiled device code disagree", file=sys.stderr)
+            return 1
+    print(f"built {EXTENSION_NAME} in {directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
