@@ -7,9 +7,9 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
-timeout ${PYTEST_S:-150} python3 -m pytest -q -x tests/triton -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
+timeout ${PYTEST_S:-80} python3 -m pytest -q -x tests/triton --ignore=tests/triton/test_aot.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
 if [ "${SKIP_TUNE:-0}" != 1 ]; then
-  timeout ${TUNE_S:-200} python3 -m w4a16.triton.tune --out "$OUT/sm_90.json" --results "$OUT/tune_results.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^    skip"
+  timeout ${TUNE_S:-170} python3 -m w4a16.triton.tune --out "$OUT/sm_90.json" --results "$OUT/tune_results.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^    skip"
   cp "$OUT/sm_90.json" w4a16/triton/configs/sm_90.json
 fi
-timeout ${COMPARE_S:-100} python3 -m w4a16.triton.compare --m 16,128,512,2048 --json "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
+timeout ${COMPARE_S:-75} python3 -m w4a16.triton.compare --m 16,128,512,2048 --json "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"

@@ -7,6 +7,8 @@ kernel modules are first imported (triton.jit reads it at decoration time).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..arch import arch as _arch
@@ -23,6 +25,7 @@ def _kernel_module():
     return gemm_kernel
 
 
+@functools.cache
 def _interpreting() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -67,6 +70,7 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     return x2d if x2d.stride(1) == 1 else x2d.contiguous()
 
 
+@functools.cache
 def table_arch(device: torch.device) -> str:
     """The tile table's arch for `device` (the interpreter on CPU uses the generic table)."""
     name = _arch(device)

@@ -2,7 +2,7 @@
 
     python -m w4a16.triton.compare [--m 16,128,512,2048] [--shapes llama3-8b,qwen3-4b] [--json PATH]
 
-Columns (µs, do_bench median over rotated weight copies): torch bf16 matmul on pre-dequantized weights; ours
+Columns (µs per call, CUDA-graph replay over rotated weight copies, median): torch bf16 matmul on pre-dequantized weights; ours
 (`triton_gemm`, the table's config); the same config with the portable dequantization instead of inline PTX;
 the same config in the other orientation (weight-left <-> x-left); dequant_blas; naive dequantize-then-matmul.
 A development aid; the bench session is the measurement of record.
@@ -64,6 +64,20 @@ def main(argv: list[str] | None = None) -> int:
                              f"{t['dequant_blas']:>9.1f}{t['naive']:>9.1f}  {tuple(cfg.to_json().values())}")
                 print(lines[-1], flush=True)
             torch.cuda.empty_cache()
+    lines.append("")
+    lines.append("dequantize kernel alone (µs; tile elements / warps), bf16 G=128:")
+    from .dequant_blas import dequantize_into
+
+    for model in args.shapes.split(","):
+        for name, n, k in SHAPES[model]:
+            qws = _make_weights(n, k, dtype)
+            w = torch.empty(n, k, dtype=dtype, device="cuda")
+            cells = []
+            for tile, warps in ((16384, 8), (8192, 4), (4096, 4), (32768, 8)):
+                us = _timer(lambda i, qws=qws, w=w, t=tile, nw=warps: dequantize_into(qws[i], w, t, nw), len(qws))()
+                cells.append(f"{tile}/{warps}: {us:.1f} ({(n * k * 2.5 + n * k // 64) / us / 1e6:.2f} TB/s)")
+            lines.append(f"{model + ' ' + name:<20}" + "  ".join(cells))
+            print(lines[-1], flush=True)
     print("\n".join(["", f"arch {arch}, {torch.cuda.get_device_name()}, bf16 symmetric G=128, µs"] + lines))
     if args.json:
         with open(args.json, "w") as f:

@@ -23,7 +23,7 @@ from .gemm_kernel import ptx_dequant_for
 _WORKSPACES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 # Elements per program: large enough for wide stores, small enough to keep every SM busy on small weights.
-_TILE_ELEMENTS = 16384
+TILE_ELEMENTS = 16384
 
 
 @triton.jit
@@ -51,17 +51,17 @@ def w4a16_dequant_kernel(
     tl.store(w_ptr + offs_n[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :], w, mask=mask_n[:, None])
 
 
-def dequantize_into(qw, out: torch.Tensor) -> torch.Tensor:
+def dequantize_into(qw, out: torch.Tensor, tile_elements: int = TILE_ELEMENTS, num_warps: int = 8) -> torch.Tensor:
     """Write dequant(W) into `out` ([N, K], fp16/bf16, contiguous) on the GPU; returns `out`."""
     n, k = qw.n, qw.k
     block_k = min(128, qw.group_size)
-    block_n = _TILE_ELEMENTS // block_k
+    block_n = max(1, tile_elements // block_k)
     grid = (triton.cdiv(n, block_n), k // block_k)
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
     w4a16_dequant_kernel[grid](
         qw.qweight, qw.scales, zeros, out, n, k,
         GROUP_SIZE=qw.group_size, HAS_ZEROS=qw.zeros is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, PTX_DEQUANT=ptx_dequant_for(out.device), num_warps=8,
+        BLOCK_N=block_n, BLOCK_K=block_k, PTX_DEQUANT=ptx_dequant_for(out.device), num_warps=num_warps,
     )
     return out
 

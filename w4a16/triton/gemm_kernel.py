@@ -26,6 +26,8 @@ weight tiles they share stay in L2.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -115,6 +117,7 @@ def w4a16_gemm_kernel(
         tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
 
 
+@functools.cache
 def ptx_dequant_for(device: torch.device) -> bool:
     """Whether the inline-PTX dequantization applies: NVIDIA sm_90+ (packed bf16x2 sub/mul need sm_90)."""
     if device.type != "cuda" or getattr(torch.version, "hip", None):

@@ -1,0 +1,80 @@
+"""Ahead-of-time compilation for gfx1151, gfx1201 and sm_90 of every config the shipped tables can select.
+
+No GPU needed: triton compiles to AMDGCN / PTX + cubin for any target. Asserts the matrix instructions are there
+(`v_wmma_*` on RDNA 3/4; `wgmma` or `mma.sync` on Hopper) and nothing spills (no VGPR/SGPR spills or scratch on
+AMD; no stack or local memory on NVIDIA). Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces
+the JIT function at import), with 2 worker processes. A compile failure is a test failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from w4a16.triton.asm import table_cases
+from w4a16.triton.configs import SHIPPED_ARCHS
+
+MATRIX_PREFIX = {"gfx1151": ("v_wmma_",), "gfx1201": ("v_wmma_",), "sm_90": ("wgmma.mma_async", "mma.sync")}
+
+
+def _clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence triton 3.9's notice; fusion stays as before
+    return env
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("aot") / "cases.json"
+    proc = subprocess.run([sys.executable, "-m", "w4a16.triton.asm", "--check-tables", "--json", str(out),
+                           "--jobs", "2"], env=_clean_env(), capture_output=True, text=True, timeout=900)
+    assert out.exists(), f"the AOT check did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+def test_every_selectable_config_is_compiled(compiled):
+    assert len(compiled) == len(table_cases()) > 0
+    assert {case["arch"] for case in compiled} == set(SHIPPED_ARCHS)
+    assert {case["dtype"] for case in compiled} == {"fp16", "bf16"}
+
+
+@pytest.mark.parametrize("arch", SHIPPED_ARCHS)
+def test_matrix_instructions_and_no_spills(compiled, arch):
+    problems = []
+    for case in (c for c in compiled if c["arch"] == arch):
+        what = f"{arch} {case['dtype']} G={case['group_size']} {tuple(case['config'].values())}"
+        if "error" in case:
+            problems.append(f"{what}: compile failed: {case['error'][:300]}")
+            continue
+        matrix = case["matrix_instructions"]
+        if not any(name.startswith(MATRIX_PREFIX[arch]) for name in matrix):
+            problems.append(f"{what}: no matrix instructions {MATRIX_PREFIX[arch]} (found {matrix})")
+        if case["spills"]:
+            problems.append(f"{what}: {case['spills']} spills")
+        for key in ("scratch_bytes", "local_bytes", "stack_bytes"):
+            if case.get(key, 0) > 0:
+                problems.append(f"{what}: {key}={case[key]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_hopper_uses_wgmma_with_the_weight_as_left_operand(compiled):
+    """The weight-left configs of the sm_90 table must reach wgmma (register A operand), not mma.sync."""
+    weight_left = [c for c in compiled if c["arch"] == "sm_90" and c["config"]["w_left"] and "error" not in c
+                   and c["config"]["BLOCK_N"] % (16 * c["config"]["num_warps"]) == 0]
+    assert weight_left, "the sm_90 table selects no weight-left config"
+    for case in weight_left:
+        assert any(n.startswith("wgmma.mma_async") for n in case["matrix_instructions"]), case
+
+
+def test_asm_command(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "w4a16", "asm", "--backend", "triton", "--arch", "gfx1201",
+                           "--m", "100", "--n", "4096", "--k", "14336", "--dtype", "bf16", "--group", "64",
+                           "--asymmetric", "--out", str(tmp_path)], env=_clean_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "BLOCK_K=64" in proc.stdout and "v_wmma_" in proc.stdout and "spills 0" in proc.stdout, proc.stdout
+    assert list(tmp_path.glob("*.s")), list(tmp_path.iterdir())

@@ -1,0 +1,97 @@
+"""The tile tables and THE selection function (pure data, no kernels)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from w4a16.triton import configs
+from w4a16.triton.configs import SHIPPED_ARCHS, TileConfig, load_table, select_config
+
+ALL_TABLES = (*SHIPPED_ARCHS, configs.GENERIC)
+
+
+@pytest.mark.parametrize("arch", ALL_TABLES)
+def test_shipped_tables_parse_and_say_how_they_were_made(arch):
+    table = load_table(arch)
+    assert table.arch == arch
+    for key in ("tool", "triton", "date", "device", "how"):
+        assert table.meta.get(key), f"{arch}.json meta lacks {key!r}"
+    for config in table.all_configs():
+        assert config.block_k & (config.block_k - 1) == 0, f"{arch}: BLOCK_K {config.block_k} is not a power of two"
+        assert config.block_m >= 16 and config.block_n >= 16 and config.block_k >= 16, f"{arch}: {config}"
+        for g in (32, 64, 128):
+            assert g % config.for_group(g).block_k == 0
+
+
+def test_sm_90_table_came_from_the_tuner():
+    meta = load_table("sm_90").meta
+    assert "tune" in meta["tool"] and "H200" in meta["device"], meta
+
+
+def test_gfx1201_rules_follow_the_public_tuning():
+    # M <= 64 bucket: tall (K >= 2N) / N > K / else, as written in the issue's starting points.
+    assert select_config("gfx1201", 40, 4096, 14336, 128) == TileConfig(64, 32, 128, 8, 1)
+    assert select_config("gfx1201", 64, 28672, 4096, 128) == TileConfig(64, 32, 64, 8, 1)
+    assert select_config("gfx1201", 64, 4096, 4096, 128) == TileConfig(32, 64, 128, 4, 1)
+    # M > 512: N >= 4K picks 256x64; beyond the last bucket the last bucket still applies.
+    assert select_config("gfx1201", 100000, 28672, 4096, 128) == TileConfig(256, 64, 64, 8, 1)
+
+
+def test_bucket_is_the_nearest_at_or_above_m():
+    table = load_table("gfx1151")
+    keys = [m for m, _ in table.buckets]
+    for m in (1, 32, 33, 64, 65, 1024, 1025, 10**6):
+        expected = next((k for k in keys if m <= k), keys[-1])
+        assert table.bucket_for(m) == expected
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_block_k_is_clamped_to_the_group(group_size):
+    config = select_config("gfx1201", 16, 4096, 4096, group_size)  # 16, 16, 128, 4
+    assert config.block_k == min(128, group_size)
+
+
+def test_exact_overrides_win_over_rules(tmp_path, monkeypatch):
+    data = {
+        "arch": "sm_00", "meta": {},
+        "buckets": [{"m": 64, "rules": [{"when": "any", "config": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64,
+                                                                    "num_warps": 4}}]}],
+        "overrides": [{"n": 512, "k": 1024, "m": 64, "config": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32,
+                                                                 "num_warps": 8, "split_k": 2}}],
+        "dequant_blas_min_m": 2048,
+    }
+    (tmp_path / "sm_00.json").write_text(json.dumps(data))
+    monkeypatch.setattr(configs, "CONFIG_DIR", tmp_path)
+    configs.load_table.cache_clear()
+    try:
+        assert select_config("sm_00", 10, 512, 1024, 128) == TileConfig(64, 64, 32, 8, 1, 2)
+        assert select_config("sm_00", 10, 512, 2048, 128) == TileConfig(16, 32, 64, 4)
+        assert configs.dequant_blas_min_m("sm_00") == 2048
+    finally:
+        configs.load_table.cache_clear()
+
+
+def test_bad_tables_are_rejected():
+    with pytest.raises(ValueError, match="unknown rule 'huge'"):
+        configs._parse("x", {"buckets": [{"m": 1, "rules": [{"when": "huge", "config": {}}]}]})
+    with pytest.raises(ValueError, match="must end with an 'any' rule"):
+        configs._parse("x", {"buckets": [{"m": 1, "rules": [
+            {"when": "tall", "config": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4}}]}]})
+    with pytest.raises(ValueError, match="unknown keys"):
+        TileConfig.from_json({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "stages": 2}, {})
+
+
+def test_unknown_arch_falls_back_to_generic_with_one_warning():
+    configs.load_table.cache_clear()
+    configs._warn_generic.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = select_config("gfx9999", 16, 4096, 4096, 128)
+        second = select_config("gfx9999", 2048, 4096, 4096, 128)
+    assert len([w for w in caught if "gfx9999" in str(w.message)]) == 1
+    generic = load_table(configs.GENERIC)
+    assert first == dict(generic.buckets)[generic.bucket_for(16)][0][1].for_group(128)
+    assert second == dict(generic.buckets)[generic.bucket_for(2048)][0][1].for_group(128)

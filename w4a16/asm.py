@@ -1,0 +1,69 @@
+"""`python -m w4a16 asm`: compile a kernel ahead of time for a target, write its assembly, print a summary.
+
+    python -m w4a16 asm --backend triton --arch gfx1151 --m 256 --n 4096 --k 4096 [--dtype bf16] [--group 128]
+    python -m w4a16 asm --backend skinny --arch gfx1201
+
+The triton backend compiles the fused GEMM with the config its tile table picks for (M, N, K, G) on that arch; the
+skinny backend compiles the C++ decode kernel's device code. No GPU is needed for either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+ARCHS = ("gfx1151", "gfx1201", "sm_90")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("triton", "skinny"), required=True)
+    parser.add_argument("--arch", choices=ARCHS, required=True)
+    parser.add_argument("--m", type=int, default=256, help="rows of x (selects the M bucket; triton only)")
+    parser.add_argument("--n", type=int, default=4096, help="output features (triton only)")
+    parser.add_argument("--k", type=int, default=4096, help="input features (triton only)")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    parser.add_argument("--group", type=int, choices=(32, 64, 128), default=128, help="group size G")
+    sym = parser.add_mutually_exclusive_group()
+    sym.add_argument("--symmetric", dest="symmetric", action="store_true", default=True,
+                     help="uint4b8, z = 8 (default)")
+    sym.add_argument("--asymmetric", dest="symmetric", action="store_false", help="uint4 with zero points")
+    parser.add_argument("--out", type=Path, default=Path("asm-out"), help="directory for the assembly files")
+
+
+def _run_triton(args: argparse.Namespace) -> int:
+    # AOT compilation needs the real JIT function: the interpreter must be off before the kernel module loads.
+    os.environ.pop("TRITON_INTERPRET", None)
+    from .triton.asm import compile_config, summarize, summary_text, write_assembly
+    from .triton.configs import select_config
+
+    for name, value in (("m", args.m), ("n", args.n), ("k", args.k)):
+        if value < 1:
+            raise SystemExit(f"--{name} must be >= 1, got {value}")
+    if args.k % args.group:
+        raise SystemExit(f"--k={args.k} must be a multiple of --group={args.group}")
+    config = select_config(args.arch, args.m, args.n, args.k, args.group)
+    compiled = compile_config(args.arch, config, args.dtype, args.group, args.symmetric)
+    stem = f"w4a16_gemm_{args.arch}_{args.dtype}_g{args.group}_m{args.m}_n{args.n}_k{args.k}"
+    path = write_assembly(compiled, args.arch, args.out, stem)
+    fields = config.to_json()
+    print(f"config   {', '.join(f'{k}={v}' for k, v in fields.items())}")
+    print(f"assembly {path}")
+    print(summary_text(summarize(args.arch, compiled)))
+    return 0
+
+
+def _run_skinny(args: argparse.Namespace) -> int:
+    try:
+        from .skinny_build import asm_summary
+    except ImportError as exc:
+        print(f"the skinny backend's compiler driver (w4a16.skinny_build.asm_summary) is not available: {exc}")
+        return 2
+    asm_path, summary = asm_summary(args.arch, args.out)
+    print(f"assembly {asm_path}")
+    print(summary)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return _run_triton(args) if args.backend == "triton" else _run_skinny(args)
