@@ -255,3 +255,16 @@ def test_cuda_graph_capture_of_a_model_decode_step(calls):
         generated.append(int(token))
     assert captured and set(captured) == {"skinny"}, f"backends captured in the decode step: {captured}"
     assert len(generated) == 3
+
+
+def test_info_reports_the_auto_picks():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "w4a16", "info"], check=True, capture_output=True, text=True).stdout
+    print(out)
+    picks = [line.split() for line in out.splitlines() if line.strip().startswith(("float16", "bfloat16"))]
+    assert len(picks) == 2, out
+    for row in picks:  # M = 1, 5, 6, 128, 2048
+        assert row[1:3] == ["skinny", "skinny"] and row[3] == "triton", out
+        assert row[1:] == [expected_backend(m, 4096) for m in (1, 5, 6, 128, 2048)], out
