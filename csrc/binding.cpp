@@ -3,10 +3,13 @@
 // Every argument is checked here, before any launch, with an error that names the argument, what was expected
 // and what came (TypeError for dtypes, ValueError for everything else). The device code (skinny_kernel.cu) trusts
 // these checks and has no torch dependency.
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #include <torch/library.h>
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,13 +22,21 @@ using w4a16::ArchLimits;
 
 // The normalised architecture name of a device, spelled as in portability.h's table ("sm_90", "gfx1151").
 std::string arch_name(int device) {
-  const auto* props = at::cuda::getDeviceProperties(device);
+  static std::mutex lock;
+  static std::vector<std::string> cache;
+  std::lock_guard<std::mutex> guard(lock);
+  if (device >= 0 && device < static_cast<int>(cache.size()) && !cache[device].empty()) return cache[device];
+  cudaDeviceProp props;
+  TORCH_CHECK(cudaGetDeviceProperties(&props, device) == cudaSuccess, "cannot query GPU ", device);
 #if defined(USE_ROCM)
-  std::string name = props->gcnArchName;
-  return name.substr(0, name.find(':'));
+  std::string name = props.gcnArchName;
+  name = name.substr(0, name.find(':'));
 #else
-  return "sm_" + std::to_string(props->major) + std::to_string(props->minor);
+  std::string name = "sm_" + std::to_string(props.major) + std::to_string(props.minor);
 #endif
+  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1);
+  cache[device] = name;
+  return name;
 }
 
 // The host's row of the one staging table; the same row the device pass compiled in (portability.h).
@@ -119,7 +130,7 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
   args.group_size = static_cast<int>(group_size);
   args.bf16 = x.scalar_type() == at::kBFloat16;
   const char* error = "";
-  const auto status = w4a16::skinny_launch(args, at::cuda::getCurrentCUDAStream().stream(), &error);
+  const auto status = w4a16::skinny_launch(args, c10::cuda::getCurrentCUDAStream().stream(), &error);
   TORCH_CHECK(status != w4a16::SkinnyStatus::unsupported, "skinny kernel: no instantiation for M=", m,
               ", group_size=", group_size);
   TORCH_CHECK(status == w4a16::SkinnyStatus::ok, "skinny kernel launch failed (M=", m, ", N=", n, ", K=", k,
@@ -144,7 +155,7 @@ std::vector<int64_t> skinny_limits(int64_t device) {
 std::vector<int64_t> skinny_device_limits(int64_t device) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   int out[2] = {0, 0};
-  TORCH_CHECK(w4a16::skinny_device_limits(at::cuda::getCurrentCUDAStream().stream(), out),
+  TORCH_CHECK(w4a16::skinny_device_limits(c10::cuda::getCurrentCUDAStream().stream(), out),
               "the staging-limit probe kernel failed on device ", device);
   return {out[0], out[1]};
 }

@@ -5,6 +5,10 @@
 
 #include <algorithm>
 
+// The probe variable the instruction checks read out of the compiled device code (portability.h). Global scope:
+// the runtime registers device variables by their unqualified name.
+extern "C" __device__ int w4a16_device_staging_elements = W4A16_DEVICE_LIMITS.staging_elements;
+
 namespace w4a16 {
 
 // The kernel is instantiated for M = 1..kInstantiatedRows; no arch may promise more.
@@ -13,9 +17,6 @@ constexpr int kInstantiatedRows = 5;
   static_assert((rows) <= kInstantiatedRows, "max_rows of " #name " exceeds the instantiated kernels");
 W4A16_ARCH_TABLE(W4A16_ROWS_ROW)
 #undef W4A16_ROWS_ROW
-
-// The probe variable the instruction checks read out of the compiled device code (portability.h).
-extern "C" __device__ int w4a16_device_staging_elements = W4A16_DEVICE_LIMITS.staging_elements;
 
 namespace {
 

@@ -26,7 +26,7 @@ _DTYPES = (torch.float16, torch.bfloat16)
 BUILD_HINT = "build it with `nox -s build` (or `python -m w4a16.skinny_build`)"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def arch_table() -> dict[str, tuple[int, int, int]]:
     """csrc/portability.h's W4A16_ARCH_TABLE: arch -> (max_rows, staging_elements, hw_shared_bytes)."""
     text = (skinny_build.CSRC / "portability.h").read_text()
@@ -47,7 +47,7 @@ def limits(arch: str) -> tuple[int, int]:
     return max_rows, elements
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load() -> str | None:
     """Load the extension once; None on success, else the reason it is unavailable."""
     if _registered():

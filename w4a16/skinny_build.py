@@ -274,13 +274,14 @@ def build(verbose: bool = False) -> Path:
         )
     rocm = bool(getattr(torch.version, "hip", None))
     directory = build_directory(archs)
-    cuda_flags = ["-O3", "-std=c++17", *arch_flags(archs, rocm)]
+    # The C++ standard is left to cpp_extension: it matches what this torch's headers need.
+    cuda_flags = ["-O3", *arch_flags(archs, rocm)]
     if not rocm:
         cuda_flags += ["-Xptxas=-v"] if verbose else []
     cpp_extension.load(
         name=EXTENSION_NAME,
         sources=[str(CSRC / s) for s in EXTENSION_SOURCES],
-        extra_cflags=["-O3", "-std=c++17"],
+        extra_cflags=["-O3"],
         extra_cuda_cflags=cuda_flags,
         extra_include_paths=[str(CSRC)],
         build_directory=str(directory),

@@ -12,7 +12,7 @@ from w4a16 import skinny
 def test_limits_from_the_header_table():
     table = skinny.arch_table()
     assert {"sm_90", "gfx1151", "gfx1201", "generic"} <= set(table)
-    for name, (rows, elements, hw_bytes) in table.items():
+    for _name, (rows, elements, hw_bytes) in table.items():
         assert rows >= 1 and elements % 32 == 0
         assert 2 * elements + elements // 32 * 4 <= hw_bytes  # staging_bytes() of portability.h
     assert skinny.limits("gfx1151:sramecc-:xnack-") == skinny.limits("gfx1151")

@@ -1,0 +1,133 @@
+"""Skinny kernel timing on a GPU against torch's int4 tinygemm and torch bf16 matmul, same process.
+
+Protocol of DESIGN.md: each op is captured many times in a CUDA graph over a rotation of weight copies whose total
+size is >= 4x the L2, so weights come from DRAM; per-call time = graph replay time / calls (median of replays).
+Copy bandwidth is measured in the same run (bytes read + written). Usage: python tests/csrc/bench_skinny.py [json]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+
+import w4a16
+from w4a16 import skinny
+
+SHAPES = {
+    "llama3.1-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
+    "qwen3-4b": {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)},
+}
+GROUP = 128
+MIN_CALLS = 48
+
+
+def copies_for(nbytes: int) -> int:
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(2, -(-4 * l2 // nbytes))
+
+
+def time_per_call(calls) -> float:
+    """Median µs per call of a CUDA graph replaying `calls` (a list of zero-argument callables) in order."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in calls:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in calls:
+            f()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(15):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / len(calls))
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    us = time_per_call([lambda: b.copy_(a)] * 4)
+    return 2 * a.numel() / (us * 1e-6)
+
+
+def bench_shape(n: int, k: int, m: int, gen: torch.Generator) -> dict:
+    dtype = torch.bfloat16
+    x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+    weight_bytes = n * k // 2 + n * (k // GROUP) * 2
+    copies = copies_for(weight_bytes)
+    qws = []
+    for _ in range(copies):
+        q = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.int32)
+        s = (torch.rand(n, k // GROUP, device="cuda", generator=gen) * 0.02 + 0.002).to(dtype)
+        qws.append(w4a16.QuantizedWeight(w4a16.pack_int4(q), s, None, GROUP))
+    reps = -(-MIN_CALLS // copies)
+    result = {"n": n, "k": k, "m": m, "bytes": weight_bytes + 2 * m * (k + n), "copies": copies}
+    ours = [qws[i % copies] for i in range(copies * reps)]
+    result["skinny_us"] = time_per_call([lambda qw=qw: skinny.skinny_gemm(x, qw) for qw in ours])
+    del qws
+    try:
+        packs = []
+        for _ in range(copies):
+            raw = torch.randint(0, 256, (n, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
+            packs.append(torch.ops.aten._convert_weight_to_int4pack(raw, 8))
+        sz = (torch.rand(k // GROUP, n, 2, device="cuda", generator=gen) * 0.01).to(dtype)
+        calls = [lambda p=packs[i % copies]: torch.ops.aten._weight_int4pack_mm(x, p, GROUP, sz)
+                 for i in range(copies * reps)]
+        result["tinygemm_us"] = time_per_call(calls)
+        del packs
+    except Exception as exc:  # report, keep the rest of the table
+        result["tinygemm_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    dense_copies = max(2, -(-4 * torch.cuda.get_device_properties(0).L2_cache_size // (n * k * 2)))
+    dense = [torch.randn(n, k, device="cuda", generator=gen).to(dtype) for _ in range(dense_copies)]
+    dreps = -(-MIN_CALLS // dense_copies)
+    result["bf16_us"] = time_per_call([lambda w=dense[i % dense_copies]: torch.nn.functional.linear(x, w)
+                                       for i in range(dense_copies * dreps)])
+    return result
+
+
+def main() -> int:
+    reason = skinny.unavailable_reason(torch.device("cuda"), torch.bfloat16)
+    if reason:
+        print(reason)
+        return 1
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bw = copy_bandwidth()
+    rows = []
+    for model, layers in SHAPES.items():
+        for layer, (n, k) in layers.items():
+            for m in range(1, 6):
+                r = bench_shape(n, k, m, gen)
+                r.update(model=model, layer=layer)
+                rows.append(r)
+    print(f"\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s "
+          f"(read+write); bf16 activations, uint4b8 G={GROUP}; µs per call, CUDA-graph replay over >= 4x L2")
+    print(f"{'model':12s} {'layer':8s} {'M':>2s} {'skinny':>8s} {'GB/s':>6s} {'%copy':>6s} {'tinygemm':>9s} "
+          f"{'x tiny':>7s} {'bf16':>8s} {'x bf16':>7s}")
+    for r in rows:
+        gbs = r["bytes"] / (r["skinny_us"] * 1e-6) / 1e9
+        tiny = r.get("tinygemm_us")
+        print(f"{r['model']:12s} {r['layer']:8s} {r['m']:2d} {r['skinny_us']:8.2f} {gbs:6.0f} "
+              f"{100 * gbs * 1e9 / bw:5.1f}% {tiny if tiny else float('nan'):9.2f} "
+              f"{(tiny / r['skinny_us']) if tiny else float('nan'):6.2f}x {r['bf16_us']:8.2f} "
+              f"{r['bf16_us'] / r['skinny_us']:6.2f}x")
+        if "tinygemm_error" in r:
+            print("   tinygemm:", r["tinygemm_error"])
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"copy_bandwidth": bw, "device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

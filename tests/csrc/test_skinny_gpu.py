@@ -1,0 +1,211 @@
+"""The skinny kernel on a GPU against the fp32 reference: formats, group sizes, dtypes, M = 1..5, the DESIGN.md
+model shapes and odd shapes, the staging limit and every host check. Skipped (with the reason) without a GPU."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import zlib
+
+import pytest
+import torch
+from w4a16_testing import assert_matches_reference
+
+import w4a16
+from w4a16 import skinny
+
+pytestmark = pytest.mark.gpu
+
+GPU = torch.cuda.is_available()
+DTYPES = (torch.float16, torch.bfloat16)
+FORMATS = ("uint4b8", "uint4")
+GROUPS = (32, 64, 128)
+ROWS = (1, 2, 3, 4, 5)
+# (N, K) of qkv, o, gate_up, down
+LLAMA_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+QWEN3_4B = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)]
+OTHER_MODELS = [(6144, 4096), (24576, 4096), (4096, 12288), (4608, 3584), (3584, 3584), (37888, 3584),
+                (3584, 18944), (4096, 2560), (2560, 2048), (20480, 2560), (2560, 10240), (6144, 2048),
+                (2048, 2048), (16384, 2048), (2048, 8192)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    if not GPU:
+        pytest.skip("needs a CUDA or ROCm GPU (torch.cuda.is_available() is False)")
+    reason = skinny.unavailable_reason(torch.device("cuda"), torch.float16)
+    if reason and "not built" in reason:
+        from w4a16 import skinny_build
+
+        skinny_build.build()
+        skinny._load.cache_clear()
+        reason = skinny.unavailable_reason(torch.device("cuda"), torch.float16)
+    assert reason is None, reason
+
+
+def _seeded(generator: torch.Generator) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
+
+
+def gpu_weight(n, k, group_size, fmt, dtype, gen) -> w4a16.QuantizedWeight:
+    """Random weight built on the GPU (model-sized shapes are slow to draw on the CPU)."""
+    q = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.int32)
+    groups = k // group_size
+    scales = (torch.rand(n, groups, device="cuda", generator=gen) * 0.02 + 0.002).to(dtype)
+    zeros = None if fmt == "uint4b8" else torch.randint(0, 16, (n, groups), device="cuda", generator=gen,
+                                                        dtype=torch.uint8)
+    return w4a16.QuantizedWeight(w4a16.pack_int4(q), scales, zeros, group_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_weight(n, k, group_size, fmt, dtype, seed):
+    # One weight per (shape, G, format, dtype) serves the five M values of a model shape (fresh x each);
+    # drawing 100M+ nibbles per case would dominate the GPU run.
+    return gpu_weight(n, k, group_size, fmt, dtype, torch.Generator(device="cuda").manual_seed(seed))
+
+
+def run(x, qw, bias=None):
+    """The kernel's output, with torch's allocator primed with NaN so that an unwritten element fails."""
+    torch.empty(x.shape[0], qw.n, dtype=x.dtype, device="cuda").fill_(float("nan"))
+    out = skinny.skinny_gemm(x, qw, bias)
+    torch.cuda.synchronize()
+    return out
+
+
+def x_for(m, k, dtype, gen):
+    return torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+
+
+MODEL_CASES = [(s, g, f, d, m) for s, g, f, d, m in itertools.product(LLAMA_8B + QWEN3_4B, GROUPS, FORMATS, DTYPES, ROWS)]
+
+
+@pytest.mark.parametrize("shape,group_size,fmt,dtype,m", MODEL_CASES, ids=str)
+def test_model_shapes(shape, group_size, fmt, dtype, m, generator):
+    n, k = shape
+    seed = zlib.crc32(repr((n, k, group_size, fmt, dtype)).encode())
+    qw = _shared_weight(n, k, group_size, fmt, dtype, seed)
+    x = x_for(m, k, dtype, _seeded(generator))
+    assert_matches_reference(run(x, qw), x, qw)
+
+
+OTHER_CASES = [(s, f, d, m) for s, f, d, m in itertools.product(OTHER_MODELS, FORMATS, DTYPES, (1, 5))]
+
+
+@pytest.mark.parametrize("shape,fmt,dtype,m", OTHER_CASES, ids=str)
+def test_other_model_shapes(shape, fmt, dtype, m, generator):
+    n, k = shape
+    gen = _seeded(generator)
+    qw = gpu_weight(n, k, 128, fmt, dtype, gen)
+    x = x_for(m, k, dtype, gen)
+    assert_matches_reference(run(x, qw), x, qw)
+
+
+# Odd N (wave/row-tile remainders, fewer rows than waves) and K (chunk remainders per lane, single chunk).
+ODD = [(n, k, g) for n, k, g in itertools.product((1, 3, 7, 33, 257, 1000, 4099), (32, 96, 160, 640, 1056, 4128),
+                                                  GROUPS) if k % g == 0]
+
+
+@pytest.mark.parametrize("n,k,group_size", ODD, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_odd_shapes_all_rows_bias(n, k, group_size, dtype, generator):
+    gen = _seeded(generator)
+    for fmt, m, with_bias in itertools.product(FORMATS, ROWS, (False, True)):
+        qw = gpu_weight(n, k, group_size, fmt, dtype, gen)
+        x = x_for(m, k, dtype, gen)
+        bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if with_bias else None
+        assert_matches_reference(run(x, qw, bias), x, qw, bias)
+
+
+def test_large_activations_and_scales(generator):
+    # x far from N(0, 1) and scales spanning magnitudes: the raw-dot offset correction must hold up.
+    gen = _seeded(generator)
+    for dtype in DTYPES:
+        qw = gpu_weight(512, 4096, 64, "uint4", dtype, gen)
+        qw.scales.mul_(torch.logspace(-3, 1, qw.scales.shape[1], device="cuda").to(dtype))
+        x = (x_for(5, 4096, dtype, gen) * 30 + 7).to(dtype)
+        assert_matches_reference(run(x, qw), x, qw)
+
+
+def test_staging_limit_exactly_and_one_past(generator):
+    gen = _seeded(generator)
+    max_rows, elements = skinny.device_limits()
+    for m in (1, 4):
+        k = elements // m // 32 * 32
+        qw = gpu_weight(64, k, 32, "uint4", torch.bfloat16, gen)
+        x = x_for(m, k, torch.bfloat16, gen)
+        assert_matches_reference(run(x, qw), x, qw)
+        if k * m == elements:
+            over = gpu_weight(64, k + 32, 32, "uint4", torch.bfloat16, gen)
+            with pytest.raises(ValueError, match=f"exceed the staging budget of {elements}"):
+                skinny.skinny_gemm(x_for(m, k + 32, torch.bfloat16, gen), over)
+
+
+def test_limits_agree_host_device_python():
+    for i in range(torch.cuda.device_count()):
+        host = tuple(torch.ops.w4a16.skinny_limits(i))
+        device = tuple(torch.ops.w4a16.skinny_device_limits(i))
+        assert host == device == skinny.limits(w4a16.arch.arch(torch.device("cuda", i)))
+
+
+def test_host_checks(generator):
+    gen = _seeded(generator)
+    qw = gpu_weight(64, 256, 64, "uint4", torch.float16, gen)
+    x = x_for(2, 256, torch.float16, gen)
+    op = torch.ops.w4a16.skinny_gemm
+    args = dict(x=x, qweight=qw.qweight, scales=qw.scales, zeros=qw.zeros, bias=None, group_size=64)
+
+    def call(**changes):
+        a = {**args, **changes}
+        return op(a["x"], a["qweight"], a["scales"], a["zeros"], a["bias"], a["group_size"])
+
+    call()  # the baseline is valid
+    cases = [
+        (TypeError, "x must be float16 or bfloat16", dict(x=x.float())),
+        (ValueError, "x must be 2-D", dict(x=x[None])),
+        (ValueError, "x must be contiguous", dict(x=torch.randn(512, 2, device="cuda").half().t())),
+        (TypeError, "qweight must be int32", dict(qweight=qw.qweight.to(torch.int64))),
+        (ValueError, "qweight must have K // 8 = 32 columns", dict(qweight=qw.qweight[:, :16].contiguous())),
+        (ValueError, "K=40 must be a positive multiple of 16", dict(x=x_for(2, 40, torch.float16, gen),
+                                                                   qweight=qw.qweight[:, :5].contiguous())),
+        (ValueError, "group_size must be one of", dict(group_size=16)),
+        (ValueError, "K=256 must be a multiple of group_size=128", dict(group_size=128) | {}),
+        (TypeError, "scales must have the activation dtype", dict(scales=qw.scales.bfloat16())),
+        (ValueError, r"scales must have shape \[N, K // G\] = \[64, 4\]", dict(scales=qw.scales[:, :3].contiguous())),
+        (ValueError, "scales must be contiguous", dict(scales=qw.scales.t().contiguous().t())),
+        (TypeError, "zeros must be uint8", dict(zeros=qw.zeros.int())),
+        (ValueError, r"zeros must have shape \[N, K // G\] = \[64, 4\]", dict(zeros=qw.zeros[:32].contiguous())),
+        (ValueError, r"bias must have shape \[N\] = \[64\]", dict(bias=torch.zeros(63, device="cuda").half())),
+        (TypeError, "bias must have the activation dtype", dict(bias=torch.zeros(64, device="cuda"))),
+        (ValueError, "takes 1..5 activation rows .* got M=6", dict(x=x_for(6, 256, torch.float16, gen))),
+        (ValueError, "got M=0", dict(x=x[:0])),
+        (ValueError, "16-byte boundary", dict(x=torch.randn(2 * 256 + 1, device="cuda").half()[1:].view(2, 256))),
+        (NotImplementedError, "CPU", dict(x=x.cpu(), qweight=qw.qweight.cpu(), scales=qw.scales.cpu(),
+                                          zeros=qw.zeros.cpu())),
+        (ValueError, "all operands must be on x's device", dict(scales=qw.scales.cpu())),
+    ]
+    # K=256 with G=128 is valid shape-wise for K % G; make that case genuinely bad: K=192, G=128.
+    cases[7] = (ValueError, "K=192 must be a multiple of group_size=128",
+                dict(x=x_for(2, 192, torch.float16, gen), qweight=qw.qweight[:, :24].contiguous(), group_size=128))
+    for error, message, changes in cases:
+        with pytest.raises(error, match=message):
+            call(**changes)
+
+
+def test_opcheck_and_graph_capture(generator):
+    gen = _seeded(generator)
+    qw = gpu_weight(256, 1024, 128, "uint4", torch.bfloat16, gen)
+    x = x_for(3, 1024, torch.bfloat16, gen)
+    bias = torch.randn(256, device="cuda", generator=gen).bfloat16()
+    torch.library.opcheck(torch.ops.w4a16.skinny_gemm.default, (x, qw.qweight, qw.scales, qw.zeros, bias, 128),
+                          test_utils=("test_schema", "test_faketensor"))
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    skinny.skinny_gemm(static_x, qw, bias)  # warm up outside the capture
+    with torch.cuda.graph(graph):
+        out = skinny.skinny_gemm(static_x, qw, bias)
+    for _ in range(2):
+        static_x.copy_(x_for(3, 1024, torch.bfloat16, gen))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches_reference(out, static_x, qw, bias)
