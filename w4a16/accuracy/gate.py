@@ -1,0 +1,120 @@
+"""The gate rules on evaluated scores: pure functions, no lm-eval, testable on synthetic results.
+
+Rules (stated with their numbers in regression/gates.toml):
+  1. kernel vs reference: |kernel - reference| <= k * stderr(reference), at least one sample's worth (1/n), and
+     the greedy outputs agree on at least `min_identical_greedy` of the samples. The two share the quantized
+     weights and the prompts, so any larger difference is the kernel's.
+  2. quantized vs fp: fp - quantized <= tolerance (drops only), for the reference and the kernel columns.
+     Without an fp score, the stored `expected` score stands in for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .config import GateRules
+
+VARIANTS = ("fp", "reference", "kernel")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One variant on one task: the gated metric, its standard error, and each sample's greedy output."""
+
+    value: float
+    stderr: float
+    n: int
+    # Per sample, in doc order: the generated text (generate-until) or the index of the arg-max choice.
+    greedy: tuple = ()
+
+    def to_json(self) -> dict:
+        return {"value": self.value, "stderr": self.stderr, "n": self.n}
+
+
+@dataclass
+class Verdict:
+    task: str
+    metric: str
+    scores: dict[str, Score | None]
+    identical: float | None = None  # fraction of samples with identical greedy output, kernel vs reference
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def identical_fraction(a: Sequence, b: Sequence) -> float:
+    if len(a) != len(b):
+        raise ValueError(f"greedy outputs cover different samples: {len(a)} vs {len(b)}")
+    if not a:
+        raise ValueError("no greedy outputs to compare")
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def judge(
+    task: str,
+    metric: str,
+    scores: dict[str, Score | None],
+    rules: GateRules,
+    tolerance: float,
+    expected: float | None = None,
+) -> Verdict:
+    """Apply both rules to one task's scores ({"fp", "reference", "kernel"} -> Score or None if not run)."""
+    unknown = set(scores) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"scores has unknown variant(s) {sorted(unknown)}; expected some of {VARIANTS}")
+    verdict = Verdict(task, metric, {v: scores.get(v) for v in VARIANTS})
+    fp, ref, ker = (verdict.scores[v] for v in VARIANTS)
+
+    if ref is not None and ker is not None:
+        if ref.n != ker.n:
+            verdict.failures.append(f"kernel scored {ker.n} samples, reference {ref.n}")
+        else:
+            allowed = max(rules.kernel_vs_reference_stderrs * ref.stderr, 1.0 / ref.n)
+            diff = abs(ker.value - ref.value)
+            if diff > allowed + 1e-12:
+                verdict.failures.append(
+                    f"kernel {ker.value:.4f} vs reference {ref.value:.4f}: |diff| {diff:.4f} > {allowed:.4f} "
+                    f"({rules.kernel_vs_reference_stderrs:g} stderr, at least 1/n)"
+                )
+            verdict.identical = identical_fraction(ker.greedy, ref.greedy)
+            if verdict.identical < rules.min_identical_greedy:
+                verdict.failures.append(
+                    f"greedy outputs identical on {verdict.identical:.1%} of samples, "
+                    f"below {rules.min_identical_greedy:.0%}"
+                )
+
+    baseline, name = (fp.value, "fp") if fp is not None else (expected, "expected")
+    if baseline is not None:
+        for variant, score in (("reference", ref), ("kernel", ker)):
+            if score is not None and baseline - score.value > tolerance + 1e-12:
+                verdict.failures.append(
+                    f"{variant} {score.value:.4f} dropped {baseline - score.value:.4f} below {name} "
+                    f"{baseline:.4f} (tolerance {tolerance:g})"
+                )
+    elif ref is None and ker is None:
+        verdict.failures.append("nothing to gate: no quantized variant was run")
+    return verdict
+
+
+def format_table(rows: Sequence[tuple[str, str, Verdict]]) -> str:
+    """(model, quantization, verdict) rows -> a plain-text table (task, metric, fp, reference, kernel, stderr)."""
+    header = ("model", "quant", "task", "metric", "fp", "reference", "kernel", "stderr", "same greedy", "verdict")
+
+    def cell(score: Score | None) -> str:
+        return "-" if score is None else f"{score.value:.4f}"
+
+    body = []
+    for model, quant, v in rows:
+        ref = v.scores["reference"] or v.scores["kernel"] or v.scores["fp"]
+        body.append((
+            model, quant, v.task, v.metric, cell(v.scores["fp"]), cell(v.scores["reference"]),
+            cell(v.scores["kernel"]), "-" if ref is None else f"{ref.stderr:.4f}",
+            "-" if v.identical is None else f"{v.identical:.0%}", "PASS" if v.passed else "FAIL",
+        ))
+    widths = [max(len(str(r[i])) for r in (header, *body)) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *body)]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
