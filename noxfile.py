@@ -102,3 +102,14 @@ def accuracy(session: nox.Session) -> None:
     print_toolchain(session)
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "w4a16", "accuracy", *session.posargs, env=env)
+
+
+@nox.session(default=False, **VENV)
+def tune(session: nox.Session) -> None:
+    """Tune the Triton GEMM's tile table on this GPU; writes w4a16/triton/configs/<arch>.json (`-- --m 16,128`)."""
+    install(session)
+    print_toolchain(session)
+    if not has_gpu(session):
+        session.error("no GPU: the tuner times kernels on the current device and has nothing to time here")
+    env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
+    session.run("python", "-m", "w4a16.triton.tune", *session.posargs, env=env)
