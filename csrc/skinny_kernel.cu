@@ -7,7 +7,9 @@
 
 // The probe variable the instruction checks read out of the compiled device code (portability.h). Global scope:
 // the runtime registers device variables by their unqualified name.
-extern "C" __device__ int w4a16_device_staging_elements = W4A16_DEVICE_LIMITS.staging_elements;
+extern "C" {
+__device__ int w4a16_device_staging_elements = W4A16_DEVICE_LIMITS.staging_elements;
+}
 
 namespace w4a16 {
 
