@@ -81,12 +81,13 @@ def test_dequant_blas(group_size, symmetric, dtype, generator):
 
 @pytest.mark.parametrize("route", [triton_gemm, dequant_blas_gemm], ids=["triton", "dequant_blas"])
 def test_public_entry_points(route, generator):
-    """Table-selected config, non-contiguous x (made contiguous), M = 0."""
+    """Table-selected config, non-contiguous x and bias (made contiguous), M = 0."""
     dtype = torch.float16
     qw = random_weight(48, 256, 128, False, dtype, DEVICE, generator)
     x = random_activation(256, 9, dtype, DEVICE, generator).t()  # [9, 256], column-major
-    assert not x.is_contiguous()
-    assert_matches_reference(route(x, qw), x, qw)
+    bias = _bias(96, dtype, generator)[::2]
+    assert not x.is_contiguous() and not bias.is_contiguous()
+    assert_matches_reference(route(x, qw, bias), x, qw, bias)
     assert route(x[:0], qw).shape == (0, 48)
 
 

@@ -51,7 +51,9 @@ def unavailable_reason(device: torch.device | str) -> str | None:
     return f"no Triton backend for device type {device.type!r}"
 
 
-def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, name: str) -> torch.Tensor:
+def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
+              name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Checks shared by both routes; returns x2d with unit stride along K and a contiguous bias."""
     check_gemm_args(x2d, qw, bias)
     if x2d.dim() != 2:
         raise ValueError(f"{name}: x2d must be 2-D [M, K], got shape {tuple(x2d.shape)}")
@@ -67,7 +69,9 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     reason = unavailable_reason(x2d.device)
     if reason is not None:
         raise RuntimeError(f"{name}: {reason}")
-    return x2d if x2d.stride(1) == 1 else x2d.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
+    return (x2d if x2d.stride(1) == 1 else x2d.contiguous()), bias
 
 
 @functools.cache
@@ -81,7 +85,7 @@ def triton_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
     """y = x2d @ dequant(W)^T (+ bias) with the fused kernel: x2d [M, K] fp16/bf16 -> [M, N] in x's dtype."""
     from .configs import select_config
 
-    x2d = _validate(x2d, qw, bias, "triton_gemm")
+    x2d, bias = _validate(x2d, qw, bias, "triton_gemm")
     m = x2d.shape[0]
     if m == 0:
         return x2d.new_empty((0, qw.n))
@@ -95,7 +99,7 @@ def dequant_blas_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor
     Extra memory: one N*K workspace in x's dtype per device and dtype, kept between calls."""
     from .dequant_blas import launch_dequant_blas
 
-    x2d = _validate(x2d, qw, bias, "dequant_blas_gemm")
+    x2d, bias = _validate(x2d, qw, bias, "dequant_blas_gemm")
     if x2d.shape[0] == 0:
         return x2d.new_empty((0, qw.n))
     return launch_dequant_blas(x2d, qw, bias)
