@@ -4,9 +4,9 @@ Shapes are DESIGN.md's: qkv, o, gate_up (fused gate and up projections) and down
 weights [N, K]. A `Case` is one benchmark: a shape, an M, a weight format and a backend. The sets:
 
     quick     llama3.1-8b gate_up and down at a few M, every backend: a fast check that the harness and kernels run
-    baseline  what is stored per arch and gated by --compare: llama3.1-8b and qwen3-4b, every layer, every M, every
-              backend; the other models at a few M against the best peers; and a few format variants (fp16,
-              asymmetric zero points, group size 32) on llama3.1-8b gate_up and down
+    baseline  what is stored per arch and gated by --compare: llama3.1-8b and qwen3-4b, every layer, every M for
+              our backends and most M for the peers; the other models at 4 M against torch and tinygemm; and a
+              few format variants (fp16, asymmetric zero points, group size 32) on llama3.1-8b gate_up and down
     full      every model, every layer, every M, every backend, plus the variants
 
 Backend applicability is data here too (`applies`), with the reason for each limit next to it.
@@ -41,13 +41,20 @@ DEQUANT_BLAS_MIN_M = 16
 # tinygemm's time grows about linearly in M past decode sizes (DESIGN.md: 16455 us at M = 2048 for
 # llama3.1-8b gate_up, 24x torch bf16): past 256 it would spend the bench's time budget on a known loser.
 TINYGEMM_MAX_M = 256
+# The peers are timed at fewer M than ours (the bench must fit in a few minutes): their curves are smooth between
+# these points, while ours are timed at every M because the dispatch edges (M = 5/6, 8/16) live there.
+TORCH_M = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+TINYGEMM_M = (1, 4, 8, 16, 64, 256)
+# naive dequantizes the whole weight in fp32 every call (~70x our time): a few points show its level.
+NAIVE_M = (1, 16, 256, 2048)
 
 HEADLINE_MODELS = ("llama3.1-8b", "qwen3-4b")
 QUICK_M = (1, 4, 16, 256, 2048)
-OTHER_MODELS_M = (1, 4, 16, 256, 2048)
+OTHER_MODELS_M = (1, 16, 256, 2048)
 OTHER_MODELS_BACKENDS = ("auto", "torch_bf16", "torch_fp16", "tinygemm")
 VARIANT_LAYERS = ("gate_up", "down")
 VARIANT_M = (1, 16, 512)
+VARIANT_BACKENDS = ("auto", "skinny", "triton", "torch_bf16", "torch_fp16", "tinygemm")
 # (dtype, group_size, symmetric) beyond the default bf16 / 128 / symmetric.
 DEFAULT_FORMAT = ("bf16", 128, True)
 VARIANT_FORMATS = (("fp16", 128, True), ("bf16", 128, False), ("bf16", 32, True))
@@ -89,11 +96,13 @@ class Case:
 def applies(backend: str, m: int, dtype: str) -> bool:
     """Whether a case is worth timing (not whether the backend is available: that is asked at run time)."""
     if backend == "torch_bf16":
-        return dtype == "bf16"
+        return dtype == "bf16" and m in TORCH_M
     if backend == "torch_fp16":
-        return dtype == "fp16"
+        return dtype == "fp16" and m in TORCH_M
     if backend == "tinygemm":  # bf16 activations only (torch's _weight_int4pack_mm)
-        return dtype == "bf16" and m <= TINYGEMM_MAX_M
+        return dtype == "bf16" and m in TINYGEMM_M and m <= TINYGEMM_MAX_M
+    if backend == "naive":
+        return m in NAIVE_M
     if backend == "skinny":
         return m <= SKINNY_MAX_M
     if backend == "dequant_blas":
@@ -123,7 +132,7 @@ def cases(set_name: str) -> list[Case]:
         selected = (
             _cases(headline, LAYERS, M_VALUES, default, BACKENDS)
             + _cases(others, LAYERS, OTHER_MODELS_M, default, OTHER_MODELS_BACKENDS)
-            + _cases(("llama3.1-8b",), VARIANT_LAYERS, VARIANT_M, VARIANT_FORMATS, BACKENDS)
+            + _cases(("llama3.1-8b",), VARIANT_LAYERS, VARIANT_M, VARIANT_FORMATS, VARIANT_BACKENDS)
         )
     return sorted(set(selected), key=_order)
 

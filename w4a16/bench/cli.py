@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run our backends twice per timed call: only to check that --compare fails")
     parser.add_argument("--e2e-models", default=",".join(_e2e_names()),
                         help="models of the end-to-end table (default: %(default)s)")
+    parser.add_argument("--no-build", action="store_true",
+                        help="do not build the skinny extension when it is missing (its benchmarks then skip)")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -k gate_up)")
 
 
@@ -102,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     import w4a16
     from w4a16 import info
 
+    if not args.no_build:
+        _build_skinny()
     info.run(argparse.Namespace())
     arch = w4a16.arch()
     storage = Path(args.storage) / arch
@@ -129,7 +133,7 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
     json_path = out / f"{arch}-{set_name}-{stamp}.json"
     command = [
         sys.executable, "-m", "pytest", str(BENCH_TESTS), "-q", "-p", "no:cacheprovider", "--benchmark-only",
-        f"--benchmark-timer={DEVICE_CLOCK_NAME}", "--benchmark-sort=name",
+        f"--benchmark-timer={DEVICE_CLOCK_NAME}", "--benchmark-sort=name", "--durations=8",
         f"--benchmark-storage=file://{storage}", f"--benchmark-json={json_path}", *_quiet_flag(),
         *([f"--benchmark-save={set_name}"] if args.save else []), *args.pytest_args,
     ]
@@ -177,6 +181,27 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
             status = 1
     print(f"bench: results in {out}")
     return status
+
+
+def _build_skinny() -> None:
+    """Build the skinny extension if it is missing (a fresh GPU machine), so that its benchmarks and "auto"'s
+    decode route are measured rather than skipped; a failed build is reported and the run goes on."""
+    try:
+        from w4a16 import skinny_build
+
+        archs = skinny_build.device_archs()
+        if not archs or skinny_build.library_path(archs).exists():
+            return
+    except ImportError:
+        return
+    print("bench: building the skinny extension (w4a16.skinny_build) ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        skinny_build.build()
+    except Exception as exc:  # reported, not raised: the skinny cases then skip with the reason
+        print(f"bench: skinny build failed ({type(exc).__name__}: {exc}); its cases will skip", flush=True)
+        return
+    print(f"bench: skinny extension built in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def _quiet_flag() -> list[str]:
