@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 #include <torch/library.h>
 
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,21 +21,18 @@ using w4a16::ArchLimits;
 
 // The normalised architecture name of a device, spelled as in portability.h's table ("sm_90", "gfx1151").
 std::string arch_name(int device) {
-  static std::mutex lock;
-  static std::vector<std::string> cache;
-  std::lock_guard<std::mutex> guard(lock);
-  if (device >= 0 && device < static_cast<int>(cache.size()) && !cache[device].empty()) return cache[device];
+#if defined(USE_ROCM)
   cudaDeviceProp props;
   TORCH_CHECK(cudaGetDeviceProperties(&props, device) == cudaSuccess, "cannot query GPU ", device);
-#if defined(USE_ROCM)
   std::string name = props.gcnArchName;
-  name = name.substr(0, name.find(':'));
+  return name.substr(0, name.find(':'));
 #else
-  std::string name = "sm_" + std::to_string(props.major) + std::to_string(props.minor);
+  int major = 0, minor = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess,
+              "cannot query GPU ", device);
+  return "sm_" + std::to_string(major) + std::to_string(minor);
 #endif
-  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1);
-  cache[device] = name;
-  return name;
 }
 
 // The host's row of the one staging table; the same row the device pass compiled in (portability.h).
@@ -105,12 +101,13 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
   }
   if (zeros) TORCH_CHECK_VALUE(zeros->device() == x.device(), "zeros are on ", zeros->device(), " but x is on ", x.device());
   if (bias) TORCH_CHECK_VALUE(bias->device() == x.device(), "bias is on ", bias->device(), " but x is on ", x.device());
-  const ArchLimits limits = host_limits(x.get_device());
+  const std::string arch = arch_name(x.get_device());
+  const ArchLimits limits = w4a16::arch_limits(w4a16::arch_id_from_name(arch.c_str()));
   TORCH_CHECK_VALUE(m >= 1 && m <= limits.max_rows, "the skinny kernel takes 1..", limits.max_rows,
-                    " activation rows on ", arch_name(x.get_device()), ", got M=", m);
+                    " activation rows on ", arch, ", got M=", m);
   TORCH_CHECK_VALUE(m * k <= limits.staging_elements, "K * M = ", k, " * ", m, " = ", k * m,
-                    " activation elements exceed the staging budget of ", limits.staging_elements, " on ",
-                    arch_name(x.get_device()), " (use the Triton path for this shape)");
+                    " activation elements exceed the staging budget of ", limits.staging_elements, " on ", arch,
+                    " (use the Triton path for this shape)");
   TORCH_CHECK_VALUE(n <= INT32_MAX / 2 && n * k / 2 < (int64_t(1) << 40), "N=", n, " is out of range");
   check_aligned(x, "x");
   check_aligned(qweight, "qweight");

@@ -49,9 +49,10 @@ SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** er
     }
     opted_in = bytes;
   }
-  const int waves_per_block = kBlockThreads / kWaveSize;
+  constexpr int threads = block_threads<M>();
+  const int waves_per_block = threads / kWaveSize;
   const int blocks = std::min(multiprocessor_count(), std::max(1, (a.n + waves_per_block - 1) / waves_per_block));
-  kernel<<<blocks, kBlockThreads, bytes, stream>>>(a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales,
+  kernel<<<blocks, threads, bytes, stream>>>(a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales,
                                                    a.zeros, a.bias, a.out, a.n, a.k);
   const gpuError_t status = w4a16GetLastError();
   if (status != w4a16Success) {
