@@ -364,3 +364,18 @@ def test_pytest_benchmark_stores_device_clock_seconds(tmp_path):
     stored = results.newest_baseline(tmp_path / "store")
     assert stored is not None and results.load_run(stored).records.keys() == run.records.keys()
     assert json.loads(out.read_text())["benchmarks"][0]["stats"]["min"] == pytest.approx(1e-6)
+
+
+def test_e2e_reports_a_failing_model_and_goes_on():
+    pytest.importorskip("transformers")
+    from w4a16.bench import e2e
+
+    # hidden_size 96 is not a multiple of group_size 128: quantize_model refuses, naming the layer
+    tiny = dict(vocab_size=256, hidden_size=96, intermediate_size=256, num_hidden_layers=1,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=64)
+    logs = []
+    measured = e2e.run(["qwen3-4b"], device="cpu", overrides=tiny, log=logs.append,
+                       prompt_lengths=(8,), decode_tokens=2, decode_prompt=8, reps=1)
+    assert [r.variant for r in measured] == ["bf16", "failed"]
+    assert any("FAILED: ValueError" in line and "group_size=128" in line for line in logs)
+    assert "FAILED (see the log)" in e2e.format_table(measured)

@@ -250,7 +250,7 @@ def _run_e2e(names: list[str], out: Path, storage: Path | None, stamp: str) -> i
         shutil.copy2(out / f"e2e-{stamp}.json", storage / f"e2e-{stamp}.json")
     ok = all(r.finite for r in measured)
     if not ok:
-        print("e2e: some logits were not finite", file=sys.stderr)
+        print("e2e: a model failed or gave non-finite logits (see above)", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -10,6 +10,9 @@ and measured again, so both variants run the same code around the linear layers.
             time is reported beside it)
     TPOT    per-token time of 128 greedy decode steps after a 128-token prompt: one decode step (forward, argmax,
             position + 1, the cache writes its own position) captured once as a CUDA graph and replayed
+    linear  the decode step's linear layers alone (every nn.Linear / W4A16Linear called once on one token, in
+            model order, as one CUDA graph): the part of TPOT the W4A16 kernels own; the rest is transformers'
+            unfused glue (norms, rotary, attention, cache writes), the same in both variants
     memory  resident weight bytes (parameters and buffers, shared tensors once) and the peak allocated during
             the measurements
 
@@ -51,6 +54,7 @@ class E2EResult:
     ttft_ms: dict[int, float] = field(default_factory=dict)  # graph replay
     ttft_eager_ms: dict[int, float] = field(default_factory=dict)
     tpot_ms: float | None = None
+    linear_ms: float | None = None  # the decode step's linear layers alone, per token
     peak_bytes: int | None = None
     finite: bool = True  # the last logits were finite (random weights must not overflow)
 
@@ -207,10 +211,36 @@ def measure(model: torch.nn.Module, name: str, variant: str, prompt_lengths=PROM
         per_token.append(timer.elapsed_ms(decode) / decode_tokens)
     result.tpot_ms = statistics.median(per_token)
     result.finite &= bool(torch.isfinite(static["logits"]).all())
+    if graphs:
+        try:
+            result.linear_ms = _linear_layers_ms(model, timer, reps)
+        except RuntimeError as exc:  # an extra figure: report it missing rather than lose the table
+            print(f"e2e {name} {variant}: linear-layer timing failed: {str(exc).splitlines()[0]}", flush=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
         result.peak_bytes = torch.cuda.max_memory_allocated()
     return result
+
+
+def _linear_layers_ms(model: torch.nn.Module, timer: _Timer, reps: int) -> float:
+    """Replay time of every linear layer of the model called once on a single token, as one graph."""
+    from w4a16.linear import W4A16Linear
+
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, W4A16Linear))]
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    inputs = {}
+    for layer in layers:
+        k = layer.in_features
+        if k not in inputs:
+            inputs[k] = torch.randn(1, 1, k, device=device).to(dtype)
+
+    def all_linears():
+        for layer in layers:
+            layer(inputs[layer.in_features])
+
+    graph = _capture(all_linears, lambda: None)
+    return statistics.median(timer.elapsed_ms(graph.replay) for _ in range(reps))
 
 
 def run(names=tuple(E2E_MODELS), device: str | torch.device = "cuda", overrides: dict | None = None,
@@ -220,14 +250,19 @@ def run(names=tuple(E2E_MODELS), device: str | torch.device = "cuda", overrides:
 
     results = []
     for name in names:
-        t0 = time.perf_counter()
-        model = build_model(name, device, overrides)
-        log(f"e2e {name}: built ({time.perf_counter() - t0:.1f} s), measuring bf16")
-        results.append(measure(model, name, "bf16", **kwargs))
-        t0 = time.perf_counter()
-        quantize_model(model, group_size=128, symmetric=True)
-        log(f"e2e {name}: quantized ({time.perf_counter() - t0:.1f} s), measuring w4a16")
-        results.append(measure(model, name, "w4a16", **kwargs))
+        model = None
+        try:
+            t0 = time.perf_counter()
+            model = build_model(name, device, overrides)
+            log(f"e2e {name}: built ({time.perf_counter() - t0:.1f} s), measuring bf16")
+            results.append(measure(model, name, "bf16", **kwargs))
+            t0 = time.perf_counter()
+            quantize_model(model, group_size=128, symmetric=True)
+            log(f"e2e {name}: quantized ({time.perf_counter() - t0:.1f} s), measuring w4a16")
+            results.append(measure(model, name, "w4a16", **kwargs))
+        except Exception as exc:  # one model failing must not cost the other's table; the run still fails
+            log(f"e2e {name}: FAILED: {type(exc).__name__}: {exc}")
+            results.append(E2EResult(name, "failed", 0, finite=False))
         del model
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
@@ -242,14 +277,17 @@ def format_table(results: list[E2EResult]) -> str:
     """Markdown: one row per model and variant, then a ratio row per model with the targets."""
     lengths = sorted({p for r in results for p in r.ttft_eager_ms})
     head = ["model", "weights", "resident GB", *[f"TTFT@{p} ms" for p in lengths],
-            *[f"eager TTFT@{p} ms" for p in lengths], "TPOT ms", "peak GB"]
+            *[f"eager TTFT@{p} ms" for p in lengths], "TPOT ms", "linear layers ms/token", "peak GB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_model: dict[str, dict[str, E2EResult]] = {}
     for r in results:
+        if r.variant == "failed":
+            lines.append(f"| {r.model} | FAILED (see the log) |" + " |" * (len(head) - 2))
+            continue
         by_model.setdefault(r.model, {})[r.variant] = r
         cells = [r.model, r.variant + ("" if r.finite else " (NON-FINITE LOGITS)"), _gb(r.weight_bytes),
                  *[_fmt(r.ttft_ms.get(p)) for p in lengths], *[_fmt(r.ttft_eager_ms.get(p)) for p in lengths],
-                 _fmt(r.tpot_ms), _gb(r.peak_bytes)]
+                 _fmt(r.tpot_ms), _fmt(r.linear_ms), _gb(r.peak_bytes)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = []
     for model, variants in by_model.items():
@@ -259,6 +297,8 @@ def format_table(results: list[E2EResult]) -> str:
         parts = [f"weights {quant.weight_bytes / base.weight_bytes:.3f}x"]
         if base.tpot_ms and quant.tpot_ms:
             parts.append(f"TPOT {base.tpot_ms / quant.tpot_ms:.2f}x faster")
+        if base.linear_ms and quant.linear_ms:
+            parts.append(f"linear layers {base.linear_ms / quant.linear_ms:.2f}x faster")
         for p in lengths:
             b, q = base.ttft_ms.get(p) or base.ttft_eager_ms.get(p), quant.ttft_ms.get(p) or quant.ttft_eager_ms.get(p)
             if b and q:
