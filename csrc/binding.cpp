@@ -19,18 +19,40 @@ namespace {
 
 using w4a16::ArchLimits;
 
+// Error messages are assembled with std::to_string and string appends and handed to TORCH_CHECK as one
+// std::string (which c10::str passes through untouched). On the H200 build, streaming an integer into the
+// message (c10::str's ostringstream path) crashed inside this library's error path; this avoids that path.
+void append(std::string& s, const char* v) { s += v; }
+void append(std::string& s, const std::string& v) { s += v; }
+void append(std::string& s, int v) { s += std::to_string(v); }
+void append(std::string& s, long v) { s += std::to_string(v); }
+void append(std::string& s, long long v) { s += std::to_string(v); }
+void append(std::string& s, uintptr_t v) { s += std::to_string(v); }
+void append(std::string& s, at::ScalarType v) { s += c10::toString(v); }
+void append(std::string& s, const c10::Device& v) { s += v.str(); }
+void append(std::string& s, c10::IntArrayRef v) {
+  s += "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  s += "]";
+}
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::string s;
+  (append(s, args), ...);
+  return s;
+}
+
 // The normalised architecture name of a device, spelled as in portability.h's table ("sm_90", "gfx1151").
 std::string arch_name(int device) {
 #if defined(USE_ROCM)
   cudaDeviceProp props;
-  TORCH_CHECK(cudaGetDeviceProperties(&props, device) == cudaSuccess, "cannot query GPU ", device);
+  TORCH_CHECK(cudaGetDeviceProperties(&props, device) == cudaSuccess, cat("cannot query GPU ", device));
   std::string name = props.gcnArchName;
   return name.substr(0, name.find(':'));
 #else
   int major = 0, minor = 0;
   TORCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess,
-              "cannot query GPU ", device);
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess, cat("cannot query GPU ", device));
   return "sm_" + std::to_string(major) + std::to_string(minor);
 #endif
 }
@@ -43,48 +65,45 @@ ArchLimits host_limits(int device) {
 bool is_16bit_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
 void check_aligned(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, cat(name,
                     " must start on a 16-byte boundary (the kernel reads it in 16-byte pieces); got a tensor at offset ",
-                    reinterpret_cast<uintptr_t>(t.data_ptr()) % 16, " bytes: pass a fresh contiguous tensor");
+                    reinterpret_cast<uintptr_t>(t.data_ptr()) % 16, " bytes: pass a fresh contiguous tensor"));
 }
 
 // Shape/dtype checks shared by the real and the meta implementation. Returns (M, N, K).
 std::vector<int64_t> check_args(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                                 const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
                                 int64_t group_size) {
-  TORCH_CHECK_TYPE(is_16bit_float(x.scalar_type()), "x must be float16 or bfloat16, got ", x.scalar_type());
-  TORCH_CHECK_VALUE(x.dim() == 2, "x must be 2-D [M, K], got shape ", x.sizes());
-  TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous (row-major [M, K]), got strides ", x.strides());
-  TORCH_CHECK_TYPE(qweight.scalar_type() == at::kInt, "qweight must be int32 [N, K // 8], got ", qweight.scalar_type());
-  TORCH_CHECK_VALUE(qweight.dim() == 2 && qweight.size(0) > 0, "qweight must be 2-D [N, K // 8] with N > 0, got shape ",
-                    qweight.sizes());
-  TORCH_CHECK_VALUE(qweight.is_contiguous(), "qweight must be contiguous, got strides ", qweight.strides());
+  TORCH_CHECK_TYPE(is_16bit_float(x.scalar_type()), cat("x must be float16 or bfloat16, got ", x.scalar_type()));
+  TORCH_CHECK_VALUE(x.dim() == 2, cat("x must be 2-D [M, K], got shape ", x.sizes()));
+  TORCH_CHECK_VALUE(x.is_contiguous(), cat("x must be contiguous (row-major [M, K]), got strides ", x.strides()));
+  TORCH_CHECK_TYPE(qweight.scalar_type() == at::kInt, cat("qweight must be int32 [N, K // 8], got ", qweight.scalar_type()));
+  TORCH_CHECK_VALUE(qweight.dim() == 2 && qweight.size(0) > 0, cat("qweight must be 2-D [N, K // 8] with N > 0, got shape ",
+                    qweight.sizes()));
+  TORCH_CHECK_VALUE(qweight.is_contiguous(), cat("qweight must be contiguous, got strides ", qweight.strides()));
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
-  TORCH_CHECK_VALUE(qweight.size(1) * 8 == k, "qweight must have K // 8 = ", k / 8, " columns for x with K=", k,
-                    ", got shape ", qweight.sizes());
-  TORCH_CHECK_VALUE(k > 0 && k % 16 == 0, "K=", k, " must be a positive multiple of 16");
-  TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128,
-                    "group_size must be one of (32, 64, 128), got ", group_size);
-  TORCH_CHECK_VALUE(k % group_size == 0, "K=", k, " must be a multiple of group_size=", group_size);
+  TORCH_CHECK_VALUE(qweight.size(1) * 8 == k, cat("qweight must have K // 8 = ", k / 8, " columns for x with K=", k,
+                    ", got shape ", qweight.sizes()));
+  TORCH_CHECK_VALUE(k > 0 && k % 16 == 0, cat("K=", k, " must be a positive multiple of 16"));
+  TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128, cat("group_size must be one of (32, 64, 128), got ", group_size));
+  TORCH_CHECK_VALUE(k % group_size == 0, cat("K=", k, " must be a multiple of group_size=", group_size));
   const int64_t groups = k / group_size;
-  TORCH_CHECK_TYPE(scales.scalar_type() == x.scalar_type(), "scales must have the activation dtype ",
-                   x.scalar_type(), ", got ", scales.scalar_type());
-  TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == groups,
-                    "scales must have shape [N, K // G] = [", n, ", ", groups, "], got ", scales.sizes());
-  TORCH_CHECK_VALUE(scales.is_contiguous(), "scales must be contiguous, got strides ", scales.strides());
+  TORCH_CHECK_TYPE(scales.scalar_type() == x.scalar_type(), cat("scales must have the activation dtype ",
+                   x.scalar_type(), ", got ", scales.scalar_type()));
+  TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == groups, cat("scales must have shape [N, K // G] = [", n, ", ", groups, "], got ", scales.sizes()));
+  TORCH_CHECK_VALUE(scales.is_contiguous(), cat("scales must be contiguous, got strides ", scales.strides()));
   if (zeros) {
-    TORCH_CHECK_TYPE(zeros->scalar_type() == at::kByte, "zeros must be uint8 raw zero points 0..15, got ",
-                     zeros->scalar_type());
-    TORCH_CHECK_VALUE(zeros->dim() == 2 && zeros->size(0) == n && zeros->size(1) == groups,
-                      "zeros must have shape [N, K // G] = [", n, ", ", groups, "], got ", zeros->sizes());
-    TORCH_CHECK_VALUE(zeros->is_contiguous(), "zeros must be contiguous, got strides ", zeros->strides());
+    TORCH_CHECK_TYPE(zeros->scalar_type() == at::kByte, cat("zeros must be uint8 raw zero points 0..15, got ",
+                     zeros->scalar_type()));
+    TORCH_CHECK_VALUE(zeros->dim() == 2 && zeros->size(0) == n && zeros->size(1) == groups, cat("zeros must have shape [N, K // G] = [", n, ", ", groups, "], got ", zeros->sizes()));
+    TORCH_CHECK_VALUE(zeros->is_contiguous(), cat("zeros must be contiguous, got strides ", zeros->strides()));
   }
   if (bias) {
-    TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), "bias must have the activation dtype ", x.scalar_type(),
-                     ", got ", bias->scalar_type());
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, "bias must have shape [N] = [", n, "], got ",
-                      bias->sizes());
-    TORCH_CHECK_VALUE(bias->is_contiguous(), "bias must be contiguous, got strides ", bias->strides());
+    TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), cat("bias must have the activation dtype ", x.scalar_type(),
+                     ", got ", bias->scalar_type()));
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, cat("bias must have shape [N] = [", n, "], got ",
+                      bias->sizes()));
+    TORCH_CHECK_VALUE(bias->is_contiguous(), cat("bias must be contiguous, got strides ", bias->strides()));
   }
   return {m, n, k};
 }
@@ -94,21 +113,21 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
                        int64_t group_size) {
   const auto mnk = check_args(x, qweight, scales, zeros, bias, group_size);
   const int64_t m = mnk[0], n = mnk[1], k = mnk[2];
-  TORCH_CHECK_VALUE(x.is_cuda(), "x must be on a GPU, got ", x.device());
+  TORCH_CHECK_VALUE(x.is_cuda(), cat("x must be on a GPU, got ", x.device()));
   for (const at::Tensor* t : {&qweight, &scales}) {
-    TORCH_CHECK_VALUE(t->device() == x.device(), "all operands must be on x's device ", x.device(), ", got ",
-                      t->device());
+    TORCH_CHECK_VALUE(t->device() == x.device(), cat("all operands must be on x's device ", x.device(), ", got ",
+                      t->device()));
   }
-  if (zeros) TORCH_CHECK_VALUE(zeros->device() == x.device(), "zeros are on ", zeros->device(), " but x is on ", x.device());
-  if (bias) TORCH_CHECK_VALUE(bias->device() == x.device(), "bias is on ", bias->device(), " but x is on ", x.device());
+  if (zeros) TORCH_CHECK_VALUE(zeros->device() == x.device(), cat("zeros are on ", zeros->device(), " but x is on ", x.device()));
+  if (bias) TORCH_CHECK_VALUE(bias->device() == x.device(), cat("bias is on ", bias->device(), " but x is on ", x.device()));
   const std::string arch = arch_name(x.get_device());
   const ArchLimits limits = w4a16::arch_limits(w4a16::arch_id_from_name(arch.c_str()));
-  TORCH_CHECK_VALUE(m >= 1 && m <= limits.max_rows, "the skinny kernel takes 1..", limits.max_rows,
-                    " activation rows on ", arch, ", got M=", m);
-  TORCH_CHECK_VALUE(m * k <= limits.staging_elements, "K * M = ", k, " * ", m, " = ", k * m,
+  TORCH_CHECK_VALUE(m >= 1 && m <= limits.max_rows, cat("the skinny kernel takes 1..", limits.max_rows,
+                    " activation rows on ", arch, ", got M=", m));
+  TORCH_CHECK_VALUE(m * k <= limits.staging_elements, cat("K * M = ", k, " * ", m, " = ", k * m,
                     " activation elements exceed the staging budget of ", limits.staging_elements, " on ", arch,
-                    " (use the Triton path for this shape)");
-  TORCH_CHECK_VALUE(n <= INT32_MAX / 2 && n * k / 2 < (int64_t(1) << 40), "N=", n, " is out of range");
+                    " (use the Triton path for this shape)"));
+  TORCH_CHECK_VALUE(n <= INT32_MAX / 2 && n * k / 2 < (int64_t(1) << 40), cat("N=", n, " is out of range"));
   check_aligned(x, "x");
   check_aligned(qweight, "qweight");
 
@@ -128,10 +147,10 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
   args.bf16 = x.scalar_type() == at::kBFloat16;
   const char* error = "";
   const auto status = w4a16::skinny_launch(args, c10::cuda::getCurrentCUDAStream().stream(), &error);
-  TORCH_CHECK(status != w4a16::SkinnyStatus::unsupported, "skinny kernel: no instantiation for M=", m,
-              ", group_size=", group_size);
-  TORCH_CHECK(status == w4a16::SkinnyStatus::ok, "skinny kernel launch failed (M=", m, ", N=", n, ", K=", k,
-              "): ", error);
+  TORCH_CHECK(status != w4a16::SkinnyStatus::unsupported, cat("skinny kernel: no instantiation for M=", m,
+              ", group_size=", group_size));
+  TORCH_CHECK(status == w4a16::SkinnyStatus::ok, cat("skinny kernel launch failed (M=", m, ", N=", n, ", K=", k,
+              "): ", error));
   return out;
 }
 
@@ -152,8 +171,7 @@ std::vector<int64_t> skinny_limits(int64_t device) {
 std::vector<int64_t> skinny_device_limits(int64_t device) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   int out[2] = {0, 0};
-  TORCH_CHECK(w4a16::skinny_device_limits(c10::cuda::getCurrentCUDAStream().stream(), out),
-              "the staging-limit probe kernel failed on device ", device);
+  TORCH_CHECK(w4a16::skinny_device_limits(c10::cuda::getCurrentCUDAStream().stream(), out), cat("the staging-limit probe kernel failed on device ", device));
   return {out[0], out[1]};
 }
 
