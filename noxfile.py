@@ -113,3 +113,14 @@ def tune(session: nox.Session) -> None:
         session.error("no GPU: the tuner times kernels on the current device and has nothing to time here")
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "w4a16.triton.tune", *session.posargs, env=env)
+
+
+@nox.session(default=False, **VENV)
+def build(session: nox.Session) -> None:
+    """Build the skinny C++ kernel extension against this machine's torch (cached; needs a CUDA/ROCm torch)."""
+    install(session)
+    print_toolchain(session)
+    if not has_gpu(session):
+        session.error("no GPU torch: the skinny extension builds against a CUDA or ROCm torch with a visible GPU "
+                      "(this machine's torch is CPU-only); CPU checks of the kernel run in `nox -s tests`")
+    session.run("python", "-m", "w4a16.skinny_build", *session.posargs)
