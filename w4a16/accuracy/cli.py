@@ -128,9 +128,9 @@ def _evaluate_model(spec, tasks, backends, gates, args, device, dtype, batch_siz
                     scores[variant][task] = harness.evaluate(lm, gates.tasks[task], manager, args.limit, REPO_ROOT)
         for task in tasks:
             per_variant = {"fp": fp_scores.get(task), **{v: scores[v].get(task) for v in quantized}}
-            verdict = judge(task, gates.tasks[task].metric, per_variant, gates.rules, spec.tolerance[task],
-                            spec.expected.get(task))
-            rows.append((quant.label, verdict))
+            verdict = judge(task, gates.tasks[task].metric, per_variant, gates.rules,
+                            spec.tolerance_for(quant, task), spec.expected.get(task))
+            rows.append((quant, verdict))
     return rows
 
 
@@ -140,7 +140,7 @@ def _to_json(spec: ModelSpec, rows, machine: dict, args, backends, wall_s: float
         "machine": machine, "backends": backends, "limit": args.limit, "wall_s": round(wall_s, 1),
         "passed": all(v.passed for _, v in rows),
         "results": [{
-            "quant": quant, "task": v.task, "metric": v.metric, "tolerance": spec.tolerance[v.task],
+            "quant": quant.label, "task": v.task, "metric": v.metric, "tolerance": spec.tolerance_for(quant, v.task),
             "expected": spec.expected.get(v.task),
             "scores": {name: None if s is None else s.to_json() for name, s in v.scores.items()},
             "identical_greedy": v.identical, "passed": v.passed, "failures": v.failures,
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         path = out / f"{spec.name}.json"
         path.write_text(json.dumps(report, indent=2) + "\n")
         print(f"[accuracy] wrote {path}", flush=True)
-        all_rows += [(spec.name, quant, v) for quant, v in rows]
+        all_rows += [(spec.name, quant.label, v) for quant, v in rows]
         failed |= not report["passed"]
 
     print()

