@@ -65,7 +65,7 @@ def print_toolchain(session: nox.Session) -> None:
 @nox.session(**VENV)
 def tests(session: nox.Session) -> None:
     """Correctness tests against the fp reference (CPU: Triton interpreter; GPU: real kernels)."""
-    install(session, "test", "eval")
+    install(session, "test", "eval", "bench")
     print_toolchain(session)
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]), env=env)

@@ -300,7 +300,7 @@ def test_tinygemm_operands(generator, symmetric):
 
 
 def test_plots_written(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib comes with the bench extra, which nox -s tests installs")
     run = results.load_run(_write_run(tmp_path / "a.json", "2026-01-01T00:00:00", BASE))
     paths = plots_module().plot_models(run.records.values(), run.copy_gbps, tmp_path / "plots")
     assert [p.name for p in paths] == ["llama3.1-8b.png"]

@@ -60,6 +60,19 @@ def test_shipped_rules_at_their_boundaries(arch_name):
         assert decide(r.dequant_blas_min_m, k, r, **ALL) == "dequant_blas"
 
 
+def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
+    """sm_90's measured crossover (dispatch_rules.json) stops "auto" below the kernel's row limit; forcing
+    backend="skinny" still takes every row the kernel was built for."""
+    measured = dispatch._measured_skinny_max_m()["sm_90"]["skinny_max_m"]
+    r = dispatch.rules("sm_90")
+    assert r.skinny_max_m == measured < r.skinny_rows == w4a16.skinny.limits("sm_90")[0]
+    assert decide(measured, 4096, r, **ALL) == "skinny"
+    assert decide(measured + 1, 4096, r, **ALL) == "triton"
+    assert r.skinny_fits(r.skinny_rows, 4096, forced=True) and not r.skinny_fits(r.skinny_rows + 1, 4096, forced=True)
+    # Arches without a measured crossover use the kernel's own limit.
+    assert dispatch.rules("gfx1151").skinny_max_m == dispatch.rules("gfx1151").skinny_rows
+
+
 @pytest.mark.parametrize("m", [1, 5, 6, 128, 2048])
 def test_auto_on_cpu_is_the_reference(m):
     assert dispatch.choose_backend(m, 4096, torch.float16, "cpu") == "reference"

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -41,12 +43,19 @@ class DispatchRules:
     """The per-arch numbers of the hybrid rule (read from their owners by `rules`)."""
 
     arch: str
-    skinny_max_m: int  # most activation rows the skinny kernel takes (0: no skinny kernel for this arch)
+    skinny_max_m: int  # most activation rows "auto" sends to the skinny kernel (0: no skinny kernel here)
     skinny_staging_elements: int  # bound on K * M, the activation elements staged in shared memory / LDS
     dequant_blas_min_m: int | None  # dequant + BLAS from this M up; None: never chosen by "auto"
+    skinny_kernel_rows: int | None = None  # most rows the kernel itself takes when forced (None: skinny_max_m)
 
-    def skinny_fits(self, m: int, k: int) -> bool:
-        return 1 <= m <= self.skinny_max_m and k * m <= self.skinny_staging_elements
+    @property
+    def skinny_rows(self) -> int:
+        return self.skinny_max_m if self.skinny_kernel_rows is None else self.skinny_kernel_rows
+
+    def skinny_fits(self, m: int, k: int, forced: bool = False) -> bool:
+        """Whether M rows of K go to the skinny kernel ("auto"), or can at all (`forced`)."""
+        rows = self.skinny_rows if forced else self.skinny_max_m
+        return 1 <= m <= rows and k * m <= self.skinny_staging_elements
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -70,7 +79,15 @@ def rules(arch_name: str) -> DispatchRules:
             max_m, staging = (int(v) for v in skinny.limits(arch_name))
         except (KeyError, ValueError):  # no skinny build for this arch: the route is off
             max_m, staging = 0, 0
-    return DispatchRules(arch_name, max_m, staging, _dequant_blas_min_m(arch_name))
+    auto_max_m = min(max_m, _measured_skinny_max_m().get(arch_name, {}).get("skinny_max_m", max_m))
+    return DispatchRules(arch_name, auto_max_m, staging, _dequant_blas_min_m(arch_name), skinny_kernel_rows=max_m)
+
+
+@functools.cache
+def _measured_skinny_max_m() -> dict[str, dict]:
+    """Per-arch crossovers measured against the Triton kernel (`dispatch_rules.json`): where the skinny kernel
+    takes more rows than it wins on, "auto" stops earlier. Absent arch: the kernel's own row limit."""
+    return json.loads((Path(__file__).with_name("dispatch_rules.json")).read_text())["archs"]
 
 
 def _dequant_blas_min_m(arch_name: str) -> int | None:
@@ -206,9 +223,9 @@ def _check_forced(backend: str, m: int, k: int, x: torch.Tensor) -> None:
         raise RuntimeError(f"backend={backend!r} is unavailable on {x.device} for {x.dtype}: {reason}")
     if backend == "skinny":
         r = rules(_device_arch(x.device))
-        if not r.skinny_fits(m, k):
+        if not r.skinny_fits(m, k, forced=True):
             raise ValueError(
-                f"backend='skinny' takes 1 <= M <= {r.skinny_max_m} rows with K*M <= {r.skinny_staging_elements} "
+                f"backend='skinny' takes 1 <= M <= {r.skinny_rows} rows with K*M <= {r.skinny_staging_elements} "
                 f"on {r.arch}, got M={m}, K={k} (K*M={k * m}); use backend='auto' to route larger M elsewhere"
             )
 

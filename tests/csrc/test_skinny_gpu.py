@@ -144,7 +144,7 @@ def test_limits_agree_host_device_python():
     for i in range(torch.cuda.device_count()):
         host = tuple(torch.ops.w4a16.skinny_limits(i))
         device = tuple(torch.ops.w4a16.skinny_device_limits(i))
-        assert host == device == skinny.limits(w4a16.arch.arch(torch.device("cuda", i)))
+        assert host == device == skinny.limits(w4a16.arch(torch.device("cuda", i)))
 
 
 def test_host_checks(generator):

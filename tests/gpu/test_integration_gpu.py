@@ -159,12 +159,13 @@ def test_load_quantized_on_gpu(method, tmp_path, calls):
     ids = torch.randint(0, 1024, (2, 12), device="cuda", generator=torch.Generator("cuda").manual_seed(5))
     with torch.no_grad(), layers_checked(loaded):
         logits = loaded(ids).logits
+    kernel_calls = list(calls)  # the reference pass below is recorded too; only the kernel pass is routed by M
     set_backend(loaded, "reference")
     with torch.no_grad():
         ref = loaded(ids).logits
     rel = ((logits.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
     assert rel < 0.05, f"kernel-backed logits differ from reference-backed ones by {rel:.3g} of max |logit|"
-    assert_routed(calls)
+    assert_routed(kernel_calls)
 
 
 def _config(method: str) -> dict:
@@ -266,5 +267,5 @@ def test_info_reports_the_auto_picks():
     picks = [line.split() for line in out.splitlines() if line.strip().startswith(("float16", "bfloat16"))]
     assert len(picks) == 2, out
     for row in picks:  # M = 1, 5, 6, 128, 2048
-        assert row[1:3] == ["skinny", "skinny"] and row[3] == "triton", out
+        assert row[1] == "skinny" and row[3] == "triton", out
         assert row[1:] == [expected_backend(m, 4096) for m in (1, 5, 6, 128, 2048)], out
