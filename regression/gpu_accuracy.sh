@@ -2,10 +2,10 @@
 # The embedded accuracy gate (SmolLM2-135M-Instruct, fp vs W4A16 reference vs the real kernels) on a GPU machine
 # without a package registry, from the repo root. Prepare the files here first: regression/gpu_prepare.sh.
 #
-# One transfer carries at most 64 MiB, so it takes two calls on the same (still warm) machine:
-#   1. carry .whl:   bash regression/gpu_accuracy.sh stage    (wheels + first GGUF half -> /tmp/w4a16-accuracy)
-#   2. carry .whl2:  bash regression/gpu_accuracy.sh [accuracy options...]
-# The second call joins and checks the GGUF, installs the wheels (--no-deps) into /tmp/site and runs
+# For copies limited to 64 MiB at a time the files come in two folders, so it runs in two steps on one machine:
+#   1. with .whl/ copied in:   bash regression/gpu_accuracy.sh stage  (wheels + first GGUF half -> /tmp/w4a16-accuracy)
+#   2. with .whl2/ copied in:  bash regression/gpu_accuracy.sh [accuracy options...]
+# With both folders present at once, step 2 alone does everything. It joins and checks the GGUF, installs the wheels (--no-deps) into /tmp/site and runs
 # `python3 -m w4a16 accuracy`, writing the JSON and the log under $OUT (default: baselines/<arch>/accuracy).
 set -euo pipefail
 cd "$(dirname "$0")/.."

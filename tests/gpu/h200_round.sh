@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of every component in one round on an NVIDIA machine without a package registry, from the repo
-# root; logs under $OUT (or ./out). Two phases because the embedded accuracy gate's files need two transfers
-# (see regression/gpu_accuracy.sh):
-#   phase 1 (carry .whl):  stage the accuracy files, build the skinny extension, GPU tests, kernel benchmarks
-#   phase 2 (carry .whl2): the embedded accuracy gate with the real kernels, then the end-to-end table
+# root; logs under $OUT (or ./out). Two phases, because the embedded accuracy gate's files come in two folders
+# (see regression/gpu_accuracy.sh and regression/gpu_prepare.sh):
+#   phase 1 (.whl/ present):  stage the accuracy files, build the skinny extension, GPU tests, kernel benchmarks
+#   phase 2 (.whl2/ present): the embedded accuracy gate with the real kernels, then the end-to-end table
 set -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/tests:$PWD W4A16_BUILD_DIR=/tmp/w4a16-build
