@@ -67,13 +67,15 @@ def tests(session: nox.Session) -> None:
     """Correctness tests against the fp reference (CPU: Triton interpreter; GPU: real kernels)."""
     install(session, "test", "eval", "bench")
     print_toolchain(session)
+    if has_gpu(session):  # the GPU tests exercise the skinny kernel: build it (cached) against this torch first
+        session.run("python", "-m", "w4a16.skinny_build")
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]), env=env)
 
 
 @nox.session(**VENV)
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
+    """ruff check with the rules in pyproject.toml."""
     session.install(*_extra_requirements("dev"))
     session.run("ruff", "check", ".")
 
