@@ -1,6 +1,6 @@
 """Quick comparison on the current GPU: the fused kernel (table pick) and its variants against torch bf16.
 
-    python -m w4a16.triton.compare [--m 16,128,512,2048] [--shapes llama3-8b,qwen3-4b] [--json PATH]
+    python -m w4a16.triton.compare [--m 16,128,512,2048] [--shapes llama3.1-8b,qwen3-4b] [--json PATH]
 
 Columns (µs per call, CUDA-graph replay over rotated weight copies, median): torch bf16 matmul on pre-dequantized weights; ours
 (`triton_gemm`, the table's config); the same config with the portable dequantization instead of inline PTX;

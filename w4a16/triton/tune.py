@@ -1,6 +1,6 @@
 """The tuner: sweep a pruned tile space on the current GPU and write `configs/<arch>.json`.
 
-    python -m w4a16.triton.tune [--out PATH] [--shapes llama3-8b,qwen3-4b] [--m 16,32,...] [--compare]
+    python -m w4a16.triton.tune [--out PATH] [--shapes llama3.1-8b,qwen3-4b] [--m 16,32,...] [--compare]
 
 For every benchmark shape (N, K) of DESIGN.md's chosen models and every M bucket it times each candidate config of
 that bucket (bf16, symmetric, G = 128; the table serves every dtype and format), the dequant_blas route and, for the
@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
+from ..bench.catalogue import LAYERS, MODELS
+from ..bench.metrics import rotation_copies
+from ..bench.timing import GraphTimer, capture, l2_cache_bytes
 from .configs import CONFIG_DIR, TileConfig
 
-SHAPES = {  # model -> (name, N, K), from DESIGN.md's benchmark protocol
-    "llama3-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
-    "qwen3-4b": [("qkv", 6144, 2560), ("o", 2560, 4096), ("gate_up", 19456, 2560), ("down", 2560, 9728)],
-}
+# The models tuned on, with DESIGN.md's shapes as the bench catalogue holds them: model -> [(layer, N, K)].
+SHAPES = {model: [(layer, *MODELS[model][layer]) for layer in LAYERS] for model in ("llama3.1-8b", "qwen3-4b")}
 M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 GROUP_SIZE = 128
 OVERRIDE_GAIN = 1.05
@@ -70,38 +71,22 @@ def candidates(m: int) -> list[TileConfig]:
 
 
 def _rotation(nbytes: int) -> int:
-    """Copies of a weight needed to cover 4x the L2 so each call reads DRAM."""
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
-    return max(2, min(64, math.ceil(4 * l2 / max(nbytes, 1))))
+    """Copies of a weight covering 4x the L2 so each call reads DRAM (at least 2; at most 64, to bound memory)."""
+    return max(2, rotation_copies(nbytes, l2_cache_bytes(), max_copies=64))
 
 
 def _timer(fn_of_copy, copies: int, replays: int = 10):
-    """Time `fn_of_copy(i)` as DESIGN.md's bench protocol does: one CUDA graph calls it once per weight copy
-    (so each call reads its weights from DRAM and no host launch overhead is counted); per-call µs = the median
-    replay time over CUDA events / copies. Returns a thunk so the caller decides when to measure."""
+    """Time `fn_of_copy(i)` with the bench harness's method: one CUDA graph calls it once per weight copy (each
+    call reads its weights from DRAM, no host launch overhead counted); per-call µs = median replay time / copies.
+    Returns a thunk so the caller decides when to measure."""
 
     def measure() -> float:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compiles, workspaces, cuBLAS handles, outside the capture
-            for i in range(copies):
-                fn_of_copy(i)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(copies):
-                fn_of_copy(i)
-        graph.replay()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(replays)]
-        for start, end in events:
-            start.record()
-            graph.replay()
-            end.record()
-        torch.cuda.synchronize()
-        times = sorted(start.elapsed_time(end) for start, end in events)
+        graph = capture(fn_of_copy, copies, copies)
+        timer = GraphTimer(graph, copies)
+        for _ in range(replays):
+            timer.round()
         del graph
-        return times[len(times) // 2] * 1e3 / copies  # ms -> µs per call
+        return timer.median() * 1e6
 
     return measure
 
