@@ -127,7 +127,9 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
   TORCH_CHECK_VALUE(m * k <= limits.staging_elements, cat("K * M = ", k, " * ", m, " = ", k * m,
                     " activation elements exceed the staging budget of ", limits.staging_elements, " on ", arch,
                     " (use the Triton path for this shape)"));
-  TORCH_CHECK_VALUE(n <= INT32_MAX / 2 && n * k / 2 < (int64_t(1) << 40), cat("N=", n, " is out of range"));
+  // The kernels index weight chunks (16 bytes) with 32-bit offsets.
+  TORCH_CHECK_VALUE(n * (k / 32) <= INT32_MAX, cat("N * K / 32 = ", n * (k / 32), " weight chunks exceed the ",
+                    "kernel's 32-bit offsets (N=", n, ", K=", k, ")"));
   check_aligned(x, "x");
   check_aligned(qweight, "qweight");
 

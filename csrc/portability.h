@@ -42,13 +42,15 @@ namespace w4a16 {
 //   sm_90:   227 KB of dynamic shared memory per block (after cudaFuncSetAttribute).
 //   gfx1151, gfx1201 (RDNA 3.5 / RDNA 4): 64 KB of LDS per workgroup.
 //   generic: any other target; the 48 KB every CUDA/HIP device grants without opting in.
+// On NVIDIA (sm_90, and generic, which may be NVIDIA) the block also holds the tensor-core kernel's split-K
+// partials (reserved_bytes below), so those budgets leave room for them.
 // Python reads this table by parsing this file (w4a16/skinny.py: limits); keep one row per line.
 // ---------------------------------------------------------------------------------------------------------------
 #define W4A16_ARCH_TABLE(ROW)       \
-  ROW(sm_90, 5, 106496, 232448)     \
+  ROW(sm_90, 5, 102400, 232448)     \
   ROW(gfx1151, 5, 30720, 65536)     \
   ROW(gfx1201, 5, 30720, 65536)     \
-  ROW(generic, 5, 22528, 49152)
+  ROW(generic, 5, 17408, 49152)
 
 enum class ArchId : int {
 #define W4A16_ENUM_ROW(name, rows, elements, hw_bytes) name,
@@ -73,8 +75,23 @@ W4A16_HD constexpr ArchLimits arch_limits(ArchId id) {
 #undef W4A16_LIMITS_ROW
 }
 
+// The tensor-core kernel (skinny_mma.cuh, NVIDIA): kSplitKWarps warps split the k-steps of kSplitKTileRows
+// weight rows and add their fp32 partials in shared memory, one [M][kSplitKPartialStride] slice per warp (the
+// stride's 4 floats of padding keep the fragment writes free of bank conflicts).
+constexpr int kSplitKWarps = 16;
+constexpr int kSplitKTileRows = 32;
+constexpr int kSplitKPartialStride = kSplitKTileRows + 4;
+W4A16_HD constexpr int split_k_partial_bytes(int rows) { return kSplitKWarps * rows * kSplitKPartialStride * 4; }
+
+// Shared memory a block holds besides the staged activations, at the arch's max_rows: the split-K partials on
+// the architectures that may be NVIDIA (the AMD kernel, skinny_kernel.cuh, holds none).
+W4A16_HD constexpr int reserved_bytes(ArchId id) {
+  return id == ArchId::sm_90 || id == ArchId::generic ? split_k_partial_bytes(arch_limits(id).max_rows) : 0;
+}
+
 #define W4A16_CHECK_ROW(name, rows, elements, hw_bytes)                                              \
-  static_assert(staging_bytes(elements) <= (hw_bytes), "staging budget of " #name " exceeds its hardware"); \
+  static_assert(staging_bytes(elements) + reserved_bytes(ArchId::name) <= (hw_bytes),                  \
+                "staging budget of " #name " exceeds its hardware");                                   \
   static_assert((elements) % 32 == 0 && (rows) >= 1, "staging budget of " #name " must be whole chunks");
 W4A16_ARCH_TABLE(W4A16_CHECK_ROW)
 #undef W4A16_CHECK_ROW
@@ -144,7 +161,8 @@ __device__ __forceinline__ Words4 load_stream(const Words4* p) {
   v4u v = __builtin_nontemporal_load(reinterpret_cast<const v4u*>(p));
   r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
 #else
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  // L2::256B: the rest of the row's 256-byte segment comes along (the neighbouring k-steps, read next).
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
                : "l"(p));
 #endif
@@ -172,11 +190,10 @@ __device__ __forceinline__ U load_cached(const U* p) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// dot2: acc + a.lo * b.lo + a.hi * b.hi, for two packed 16-bit values (fp16 or bf16, selected by Tag) with an
-// fp32 accumulator. AMD has it as one instruction (v_dot2_f32_f16, v_dot2_f32_bf16 on gfx11/gfx12). NVIDIA has no
-// fp32-accumulating packed dot outside the tensor cores, so there the activation pair is widened to fp32 once per
-// chunk (XOperand, shared by every weight row of the warp) and the weight pair once per row (shared by every
-// activation row): two FFMAs per pair.
+// The inner product. AMD (skinny_kernel.cuh): dot2, acc + a.lo * b.lo + a.hi * b.hi for two packed 16-bit values
+// (fp16 or bf16, selected by Tag) with an fp32 accumulator, one instruction (v_dot2_f32_f16, v_dot2_f32_bf16 on
+// gfx11/gfx12). NVIDIA has no fp32-accumulating packed dot outside the tensor cores, so its kernel
+// (skinny_mma.cuh) uses mma.sync m16n8k16 with fp32 accumulators, and packed 16-bit FMAs for the dequantization.
 // ---------------------------------------------------------------------------------------------------------------
 #if defined(W4A16_HIP)
 typedef _Float16 w4a16_half2 __attribute__((ext_vector_type(2)));
@@ -199,32 +216,36 @@ __device__ __forceinline__ float dot2(uint32_t w, XOperand<Bf16Tag> x, float acc
                                          acc, false);
 }
 #else
-template <typename Tag>
-struct XOperand {
-  float lo, hi;
-};
-// fp16 -> fp32 widening of both halves (cvt.f32.f16 each).
-__device__ __forceinline__ void widen(uint32_t bits, Fp16Tag, float& lo, float& hi) {
-  unsigned short l = bits & 0xFFFFu, h = bits >> 16;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h));
+// a * b + c on two packed 16-bit floats, rounded once.
+__device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c, Fp16Tag) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 }
-// bf16 -> fp32 is a 16-bit shift: bf16 is the top half of an fp32.
-__device__ __forceinline__ void widen(uint32_t bits, Bf16Tag, float& lo, float& hi) {
-  lo = __uint_as_float(bits << 16);
-  hi = __uint_as_float(bits & 0xFFFF0000u);
+__device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c, Bf16Tag) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 }
-template <typename Tag>
-__device__ __forceinline__ XOperand<Tag> x_operand(uint32_t bits) {
-  XOperand<Tag> x;
-  widen(bits, Tag{}, x.lo, x.hi);
-  return x;
+
+// d += A (16 x 16, row-major) * B (16 x 8, column-major) with fp32 accumulators. The lane with g = lane / 4 and
+// t = lane % 4 holds A rows g, g + 8 at k {2t, 2t+1} (a[0], a[1]) and {2t+8, 2t+9} (a[2], a[3]), B column g at
+// k {2t, 2t+1} (b0) and {2t+8, 2t+9} (b1), and D rows g (d[0], d[1]) and g + 8 (d[2], d[3]) at columns 2t, 2t+1.
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                            Fp16Tag) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-template <typename Tag>
-__device__ __forceinline__ float dot2(uint32_t w, XOperand<Tag> x, float acc) {
-  float lo, hi;
-  widen(w, Tag{}, lo, hi);
-  return fmaf(hi, x.hi, fmaf(lo, x.lo, acc));
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                            Bf16Tag) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
 

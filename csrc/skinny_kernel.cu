@@ -1,7 +1,16 @@
 // Instantiations of the skinny kernel and its host-side launcher. No torch here: this file compiles alone for
 // sm_90 (nvcc) and gfx1151/gfx1201 (clang HIP), which is how CI checks the device code without a GPU.
-#include "skinny_kernel.cuh"
+// AMD runs the dot2 kernel (skinny_kernel.cuh), NVIDIA the tensor-core kernel (skinny_mma.cuh).
+#include "portability.h"
 #include "skinny_launch.h"
+#if defined(W4A16_CUDA)
+#include "skinny_mma.cuh"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the skinny kernel needs sm_80 or later on NVIDIA (mma.sync with bf16)"
+#endif
+#else
+#include "skinny_kernel.cuh"
+#endif
 
 #include <algorithm>
 
@@ -34,26 +43,46 @@ int multiprocessor_count() {
   return cached[device];
 }
 
-template <typename Tag, int G, bool kSymmetric, int M>
-SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** error) {
-  auto kernel = skinny_gemm_kernel<Tag, G, kSymmetric, M>;
-  const int bytes = staging_bytes(M * a.k);
-  // Opt in to more than 48 KB of dynamic shared memory up to what this launch needs; the binding has already
-  // checked M * K against the device's staging budget, whose bytes the hardware can hold (portability.h).
-  static int opted_in = 0;
-  if (bytes > opted_in) {
-    if (w4a16FuncSetAttribute(reinterpret_cast<const void*>(kernel), w4a16FuncAttrMaxDynamicShared, bytes) !=
-        w4a16Success) {
-      *error = w4a16GetErrorString(w4a16GetLastError());
-      return SkinnyStatus::launch_failed;
-    }
-    opted_in = bytes;
-  }
+// Grid and shared memory of one launch. dot2 kernel: one block per SM / CU, waves own rows; tensor-core kernel:
+// one block per SM, at most one 16-row tile per block.
+struct LaunchShape {
+  int threads, blocks, shared_bytes;
+};
+template <int M>
+LaunchShape launch_shape(const SkinnyArgs& a) {
+#if defined(W4A16_CUDA)
+  constexpr int threads = tensor_core::kThreads;
+  const int blocks = std::min(multiprocessor_count(), (a.n + 15) / 16);
+  return {threads, blocks, tensor_core::shared_bytes(M, a.k)};
+#else
   constexpr int threads = block_threads<M>();
   const int waves_per_block = threads / kWaveSize;
   const int blocks = std::min(multiprocessor_count(), std::max(1, (a.n + waves_per_block - 1) / waves_per_block));
-  kernel<<<blocks, threads, bytes, stream>>>(a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales,
-                                                   a.zeros, a.bias, a.out, a.n, a.k);
+  return {threads, blocks, staging_bytes(M * a.k)};
+#endif
+}
+
+template <typename Tag, int G, bool kSymmetric, int M>
+SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** error) {
+#if defined(W4A16_CUDA)
+  auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M>;
+#else
+  auto kernel = skinny_gemm_kernel<Tag, G, kSymmetric, M>;
+#endif
+  const LaunchShape shape = launch_shape<M>(a);
+  // Opt in to more than 48 KB of dynamic shared memory up to what this launch needs; the binding has already
+  // checked M * K against the device's staging budget, whose bytes the hardware can hold (portability.h).
+  static int opted_in = 0;
+  if (shape.shared_bytes > opted_in) {
+    if (w4a16FuncSetAttribute(reinterpret_cast<const void*>(kernel), w4a16FuncAttrMaxDynamicShared,
+                              shape.shared_bytes) != w4a16Success) {
+      *error = w4a16GetErrorString(w4a16GetLastError());
+      return SkinnyStatus::launch_failed;
+    }
+    opted_in = shape.shared_bytes;
+  }
+  kernel<<<shape.blocks, shape.threads, shape.shared_bytes, stream>>>(
+      a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales, a.zeros, a.bias, a.out, a.n, a.k);
   const gpuError_t status = w4a16GetLastError();
   if (status != w4a16Success) {
     *error = w4a16GetErrorString(status);

@@ -1,4 +1,5 @@
-// The skinny split-K decode kernel: y[M, N] = x[M, K] @ dequant(W)[N, K]^T for M = 1..max_rows (decode).
+// The skinny split-K decode kernel on AMD (dot2): y[M, N] = x[M, K] @ dequant(W)[N, K]^T for M = 1..max_rows.
+// (NVIDIA runs the tensor-core kernel of skinny_mma.cuh on the same operands.)
 //
 // Decode is bound by reading the 4-bit weights once (K * N / 2 bytes); everything else is arranged so that this
 // stream runs at memory speed:
@@ -21,26 +22,19 @@
 // Shared memory: xs [M][K] 16-bit (the four 16-byte pieces of every chunk rotated, see xs_piece), sx [M][K/32] fp32.
 #pragma once
 
-#include "dequant.h"
-#include "portability.h"
+#include "skinny_common.cuh"
 
 namespace w4a16 {
 
 // 16 waves per block (one block per SM / CU) keep loads in flight while other waves compute; the register cap
-// this implies (128 on sm_90) holds every variant without spills except M = 5, which gets 12 waves (168).
-// Measured on the H200 at 8 waves with 4 rows per wave: the weight stream stalled behind the arithmetic.
+// this implies holds every variant without spills except M = 5, which gets 12 waves. (Measured on the H200, when
+// this kernel also ran on NVIDIA: at 8 waves with 4 rows per wave the weight stream stalled behind the arithmetic.)
 template <int M>
 W4A16_HD constexpr int block_threads() {
   return M <= 4 ? 512 : 384;
 }
 constexpr int kRowsPerWave = 2;
 constexpr int kChunkUnroll = 2;
-constexpr int kChunkK = 32;  // k per lane per chunk: 16 bytes = 4 words, one load
-
-// Which 16-byte slot of a chunk's 64 bytes holds piece j. Lanes read consecutive chunks, 64 bytes apart; without
-// the rotation the 8 lanes of a 128-byte shared-memory wavefront would hit the same 4 banks. Rotating by c / 2
-// spreads the 8 chunks of such a group over all 32 banks.
-__device__ __forceinline__ int xs_piece(int c, int j) { return c * 4 + ((j + (c >> 1)) & 3); }
 
 template <typename Tag, int G, bool kSymmetric, int M>
 __global__ void __launch_bounds__(block_threads<M>(), 1)
@@ -82,7 +76,7 @@ __global__ void __launch_bounds__(block_threads<M>(), 1)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       Words4 v = src[j];
-      xs[m * chunks * 4 + xs_piece(c, j)] = v;
+      xs[m * chunks * 4 + xs_piece(m, c, j)] = v;
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         sum += to_float(uint16_t(v.w[e] & 0xFFFFu), Tag{}) + to_float(uint16_t(v.w[e] >> 16), Tag{});
@@ -127,7 +121,7 @@ __global__ void __launch_bounds__(block_threads<M>(), 1)
           XOperand<Tag> xo[16];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const Words4 piece = xc[xs_piece(c, j)];
+            const Words4 piece = xc[xs_piece(m, c, j)];
 #pragma unroll
             for (int p = 0; p < 4; ++p) xo[j * 4 + p] = x_operand<Tag>(piece.w[p]);
           }
@@ -164,12 +158,6 @@ __global__ void __launch_bounds__(block_threads<M>(), 1)
       }
     }
   }
-}
-
-// Reports what the device pass compiled in (see portability.h); the tests compare it with the host table.
-__global__ void skinny_limits_probe(int* out) {
-  out[0] = W4A16_DEVICE_LIMITS.max_rows;
-  out[1] = W4A16_DEVICE_LIMITS.staging_elements;
 }
 
 }  // namespace w4a16

@@ -40,6 +40,7 @@ _AMD_PATTERNS = {
     "ds_load_b128 (16-byte LDS reads)": r"\bds_(?:load|read)_(?:b128|b96|2addr_b64|b64)\b",
 }
 _SASS_PATTERNS = {
+    "HMMA (tensor-core mma.sync)": r"\bHMMA\.",
     "FFMA (fp32 FMA)": r"\bFFMA\b",
     "HFMA2 / HADD2 / HMUL2 (packed 16-bit math)": r"\bH(?:FMA2|ADD2|MUL2)\b(?!\.F32)",
     "LOP3 (magic-number bit ops)": r"\bLOP3\b",
@@ -50,12 +51,13 @@ _SASS_PATTERNS = {
     "LDS.128 (16-byte shared reads)": r"\bLDS\.128\b",
 }
 _PTX_PATTERNS = {
+    "mma.sync (tensor cores)": r"\bmma\.sync\.",
     "fma.rn.f32": r"\bfma\.rn\.f32\b",
     "lop3 / or.b32 (magic-number bit ops)": r"\blop3\.b32\b|\bor\.b32\b",
     "cvt.f32.f16 (conversions)": r"\bcvt\.f32\.f16\b",
     "cvt.rn.f32.[su]32 (int->float: zero points and indices only)": r"\bcvt\.rn\.f32\.[su]32\b",
     "shfl.sync.bfly": r"\bshfl\.sync\.bfly\b",
-    "ld.global.nc.L1::no_allocate.v4 (16-byte weight loads)": r"\bld\.global\.nc\.L1::no_allocate\.v4\b",
+    "ld.global.nc.L1::no_allocate.v4 (16-byte weight loads)": r"\bld\.global\.nc\.L1::no_allocate(?:\.L2::\d+B)?\.v4\b",
     "ld.shared.v4": r"\bld\.shared\.v4\b",
 }
 

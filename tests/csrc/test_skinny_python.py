@@ -12,9 +12,11 @@ from w4a16 import skinny
 def test_limits_from_the_header_table():
     table = skinny.arch_table()
     assert {"sm_90", "gfx1151", "gfx1201", "generic"} <= set(table)
-    for _name, (rows, elements, hw_bytes) in table.items():
+    for name, (rows, elements, hw_bytes) in table.items():
         assert rows >= 1 and elements % 32 == 0
-        assert 2 * elements + elements // 32 * 4 <= hw_bytes  # staging_bytes() of portability.h
+        # staging_bytes() of portability.h, plus the tensor-core kernel's split-K partials where it may run
+        reserved = 16 * 36 * 4 * rows if name in ("sm_90", "generic") else 0
+        assert 2 * elements + elements // 32 * 4 + reserved <= hw_bytes
     assert skinny.limits("gfx1151:sramecc-:xnack-") == skinny.limits("gfx1151")
     assert skinny.limits("sm_90a") == skinny.limits("sm_90")
     assert skinny.limits("sm_120") == skinny.limits("generic")[:2]

@@ -1,0 +1,277 @@
+// The skinny decode kernel on NVIDIA (sm_80 and later): the same y[M, N] = x[M, K] @ dequant(W)[N, K]^T as
+// skinny_kernel.cuh, with the inner product on the tensor cores.
+//
+// Why: NVIDIA has no fp32-accumulating packed dot on the CUDA cores, so the dot2 kernel spends two FFMAs per weight
+// and activation row and becomes arithmetic-bound from M = 2 on (csrc/PERF.md). Here one mma.sync m16n8k16 takes
+// 16 weight rows x 16 k as its A operand and up to 8 activation rows as B: the cost per weight no longer depends
+// on M (1..5 use 1..5 of the 8 columns), and what is left per weight is the unpack.
+//
+// Operand mapping. In m16n8k16 the lane with group g = lane / 4 and t = lane % 4 holds A rows g and g + 8 at
+// logical k {2t, 2t+1, 2t+8, 2t+9} and B column g at the same logical k. Any permutation of k applied to both A
+// and B leaves the product unchanged, so every lane reads one whole 16-byte chunk (32 consecutive k) of weight rows
+// g and g + 8 straight from global memory: lane t of a quad takes chunk 4s + t of k-step s (128 k), word j of the
+// chunk feeds two mmas, and its pairs (p = 0..3, shuffle order, dequant.h) are the A registers. The same lane reads
+// the matching 32 activations of row m = g from shared memory as B. No shuffles, no weight staging.
+//
+// Dequantization: one LOP3 per pair (plus its shift) makes the magic (offset + q) pairs (dequant.h). With G = 128 a
+// k-step is exactly one group, so A is those raw pairs and the group's correction comes after the mma, in fp32:
+// sum_k (q - z) s x = s * (D - (offset + z) * sum_k x), with sum_k x staged per k-step (the raw-dot variant of
+// DESIGN.md; nothing is rounded before accumulation). With G = 32 or 64 the four chunks of a k-step belong to
+// different groups, so A is dequantized before the mma: a packed FMA by 1.0 subtracts (offset + z) exactly and a
+// second multiplies by s, rounded to the activation dtype once per weight (as torch on a dequantized weight, and
+// as the Triton path).
+//
+// Work split. A block of kWarps warps owns a balanced contiguous range of 16-row tiles; it walks the range kTileRows
+// rows at a time, and its warps split the k-steps of those rows (contiguous, balanced). Each warp loads the weights
+// of its next (rows, k-step) before computing the current one, across row boundaries, so the weight stream never
+// drains. The warps' partial sums meet in shared memory; bias and the cast happen in that reduction.
+//
+// Shared memory (dynamic, shared_bytes below): xs [M][K] 16-bit (pieces rotated, xs_piece), the sums of x per k-step
+// sx [steps][M rounded up to even] fp32, then the split-K partials [kWarps][M][kSplitKPartialStride] fp32.
+#pragma once
+
+#include "skinny_common.cuh"
+
+namespace w4a16 {
+namespace tensor_core {
+
+constexpr int kWarps = kSplitKWarps;
+constexpr int kThreads = kWarps * 32;
+constexpr int kSubTiles = kSplitKTileRows / 16;  // 16-row mma tiles per warp and step
+constexpr int kStepK = 128;                      // 4 lanes x 32 k
+
+// Columns of the staged sums of x: M rounded up to even, so a lane reads its two columns (2t, 2t + 1) at once.
+W4A16_HD constexpr int sum_columns(int m) { return (m + 1) / 2 * 2; }
+W4A16_HD constexpr int k_steps(int k) { return (k / kChunkK + 3) / 4; }
+// Dynamic shared memory of one launch. Within staging_bytes(m * k) + split_k_partial_bytes(m), which the table's
+// budget guarantees (portability.h): the sums take (K / 128) * sum_columns(M) floats <= M * K / 32.
+W4A16_HD constexpr int shared_bytes(int m, int k) {
+  return m * k * 2 + k_steps(k) * sum_columns(m) * 4 + split_k_partial_bytes(m);
+}
+
+template <typename Tag>
+struct Packed;
+template <>
+struct Packed<Fp16Tag> {
+  static constexpr uint32_t kOne = 0x3C003C00u;  // two fp16 1.0
+};
+template <>
+struct Packed<Bf16Tag> {
+  static constexpr uint32_t kOne = 0x3F803F80u;  // two bf16 1.0
+};
+
+// magic_pair of dequant.h as one LOP3 ((w >> 4p) & 0x000F000F) | magic: written out because the compiler emits
+// an AND and an OR (LOP3 takes one immediate, and it keeps both constants as immediates).
+template <typename Tag>
+__device__ __forceinline__ uint32_t raw_pair(uint32_t word, int p) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(d) : "r"(word >> (4 * p)), "r"(Magic<Tag>::kPair));
+  return d;
+}
+
+// The 16-bit float -(offset + z): the magic number's bits with z in the mantissa (ulp 1) and the sign set.
+template <typename Tag>
+__device__ __forceinline__ uint16_t neg_raw_zero_bits(int z) {
+  return uint16_t(0x8000u | (Magic<Tag>::kPair & 0xFFFFu) | uint32_t(z));
+}
+
+// 16-bit bits of a float pair, both lanes the same value.
+__device__ __forceinline__ uint32_t splat(uint16_t bits) { return uint32_t(bits) * 0x10001u; }
+
+// Where a lane's four weight rows (rows g and g + 8 of each sub-tile) start, as element offsets (the binding
+// keeps N * K / 32 within int), and whether they exist.
+struct Rows {
+  int chunk[kSubTiles][2];  // row * chunks + t: this lane's chunk of k-step 0
+  int meta[kSubTiles][2];   // row * groups
+  bool live[kSubTiles][2];
+};
+
+__device__ __forceinline__ Rows rows_at(int r0, int row_end, int chunks, int groups, int lane) {
+  Rows r;
+#pragma unroll
+  for (int s = 0; s < kSubTiles; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + s * 16 + (lane >> 2) + h * 8;
+      r.live[s][h] = row < row_end;
+      r.chunk[s][h] = row * chunks + (lane & 3);
+      r.meta[s][h] = row * groups;
+    }
+  return r;
+}
+
+// One lane's operands of one (rows, k-step) unit: the chunk words of its four rows, their scales and zeros.
+struct Unit {
+  Words4 w[kSubTiles][2];
+  uint16_t scale[kSubTiles][2];
+  uint8_t zero[kSubTiles][2];
+};
+
+template <int G, bool kSymmetric>
+__device__ __forceinline__ void load_unit(Unit& u, const Rows& r, const Words4* __restrict__ qweight,
+                                          const uint16_t* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                                          int step, int chunks, int lane) {
+  const int c = step * 4 + (lane & 3);
+  const bool chunk_live = G == kStepK || c < chunks;  // K % 128 == 0 when G = 128
+  const int group = G == kStepK ? step : (chunk_live ? c * kChunkK / G : 0);
+#pragma unroll
+  for (int s = 0; s < kSubTiles; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool live = chunk_live && r.live[s][h];
+      u.w[s][h] = live ? load_stream(qweight + r.chunk[s][h] + step * 4) : Words4{{0u, 0u, 0u, 0u}};
+      u.scale[s][h] = live ? load_cached(scales + r.meta[s][h] + group) : uint16_t(0);
+      u.zero[s][h] = kSymmetric ? uint8_t(8) : (live ? load_cached(zeros + r.meta[s][h] + group) : uint8_t(0));
+    }
+}
+
+// The A register of pair p of word j, rows of (sub-tile s, half h).
+template <typename Tag, int G>
+__device__ __forceinline__ uint32_t a_pair(const Unit& u, int s, int h, int j, int p) {
+  const uint32_t raw = raw_pair<Tag>(u.w[s][h].w[j], p);
+  if constexpr (G == kStepK) return raw;
+  const uint32_t q_minus_z = fma2(raw, Packed<Tag>::kOne, splat(neg_raw_zero_bits<Tag>(u.zero[s][h])), Tag{});
+  return fma2(q_minus_z, splat(u.scale[s][h]), 0x80008000u, Tag{});  // + (-0): a plain product, one rounding
+}
+
+template <typename Tag, int G, bool kSymmetric, int M>
+__global__ void __launch_bounds__(kThreads, 1)
+    skinny_gemm_kernel(const uint16_t* __restrict__ x, const Words4* __restrict__ qweight,
+                       const uint16_t* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                       const uint16_t* __restrict__ bias, uint16_t* __restrict__ out, int n, int k) {
+  static_assert(G % kChunkK == 0 && kStepK % G == 0, "a chunk sits inside one group, a group inside a k-step");
+  static_assert(M >= 1 && M <= 8 && M <= W4A16_DEVICE_LIMITS.max_rows, "M beyond the mma's 8 columns or max_rows");
+  constexpr int kSumColumns = sum_columns(M);
+  extern __shared__ Words4 smem[];
+  const int chunks = k / kChunkK;
+  const int groups = k / G;
+  const int steps = k_steps(k);
+  Words4* xs = smem;                                                   // [M][chunks * 4] pieces
+  float* sx = reinterpret_cast<float*>(smem + M * chunks * 4);         // [steps][kSumColumns]
+  float* partials = sx + steps * kSumColumns;                          // [kWarps][M][kSplitKPartialStride]
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles = (n + 15) / 16;
+  const int row_begin = (int)((long long)blockIdx.x * tiles / gridDim.x) * 16;
+  const int row_end = min(n, (int)((long long)(blockIdx.x + 1) * tiles / gridDim.x) * 16);
+  const int step_begin = warp * steps / kWarps, my_steps = (warp + 1) * steps / kWarps - step_begin;
+  const int rounds = (row_end - row_begin + kSplitKTileRows - 1) / kSplitKTileRows;
+
+  // The first unit's weights are in flight while the block stages x.
+  Rows rows = rows_at(row_begin, row_end, chunks, groups, lane);
+  Unit cur;
+  if (my_steps > 0 && rounds > 0) load_unit<G, kSymmetric>(cur, rows, qweight, scales, zeros, step_begin, chunks, lane);
+
+  // Stage x one (row, k-step) at a time: 16 independent 16-byte loads per thread, summed from registers (the
+  // correction term of the G = 128 path). The last k-step may hold fewer than 4 chunks when G < 128.
+  for (int i = threadIdx.x; i < M * steps; i += kThreads) {
+    const int m = i / steps, step = i - m * steps;
+    const Words4* src = reinterpret_cast<const Words4*>(x + (size_t)m * k);
+    float sum = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int c = step * 4 + u;
+      if (G == kStepK || c < chunks) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const Words4 v = src[c * 4 + j];
+          xs[m * chunks * 4 + xs_piece(m, c, j)] = v;
+          if constexpr (G == kStepK)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              sum += to_float(uint16_t(v.w[e] & 0xFFFFu), Tag{}) + to_float(uint16_t(v.w[e] >> 16), Tag{});
+        }
+      }
+    }
+    if constexpr (G == kStepK) sx[step * kSumColumns + m] = sum;
+  }
+  if constexpr (G == kStepK && kSumColumns > M)  // the padding column of an odd M
+    for (int step = threadIdx.x; step < steps; step += kThreads) sx[step * kSumColumns + M] = 0.f;
+  __syncthreads();
+
+  for (int round = 0; round < rounds; ++round) {
+    const int r0 = row_begin + round * kSplitKTileRows;
+    float acc[kSubTiles][4];
+#pragma unroll
+    for (int s = 0; s < kSubTiles; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[s][e] = 0.f;
+
+    for (int j = 0; j < my_steps; ++j) {
+      const int step = step_begin + j;
+      // Next unit: the following k-step of these rows, or the first k-step of the next rows.
+      Unit next;
+      const bool same_rows = j + 1 < my_steps;
+      if (same_rows) load_unit<G, kSymmetric>(next, rows, qweight, scales, zeros, step + 1, chunks, lane);
+      else if (round + 1 < rounds)
+        load_unit<G, kSymmetric>(next, rows_at(r0 + kSplitKTileRows, row_end, chunks, groups, lane), qweight, scales,
+                                 zeros, step_begin, chunks, lane);
+
+      // B: the 32 activations of row g matching this lane's chunk (zero for padding columns and past K).
+      const int c = step * 4 + t;
+      uint32_t b[16];
+      const bool x_live = g < M && c < chunks;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const Words4 piece = x_live ? xs[g * chunks * 4 + xs_piece(g, c, p)] : Words4{{0u, 0u, 0u, 0u}};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) b[p * 4 + e] = piece.w[e];
+      }
+      float2 sum_x = make_float2(0.f, 0.f);  // columns 2t, 2t + 1
+      if constexpr (G == kStepK)
+        if (2 * t < M) sum_x = *reinterpret_cast<const float2*>(sx + step * kSumColumns + 2 * t);
+#pragma unroll
+      for (int s = 0; s < kSubTiles; ++s) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        float(&sum)[4] = G == kStepK ? d : acc[s];
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            // Registers {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi} <- pairs 2*half and 2*half+1 of word w.
+            const uint32_t a[4] = {a_pair<Tag, G>(cur, s, 0, w, 2 * half), a_pair<Tag, G>(cur, s, 1, w, 2 * half),
+                                   a_pair<Tag, G>(cur, s, 0, w, 2 * half + 1),
+                                   a_pair<Tag, G>(cur, s, 1, w, 2 * half + 1)};
+            mma_16x8x16(sum, a, b[4 * w + 2 * half], b[4 * w + 2 * half + 1], Tag{});
+          }
+        if constexpr (G == kStepK) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1;
+            const float zero = raw_zero<Tag>(cur.zero[s][h]);
+            const float corrected = fmaf(-zero, (e & 1) ? sum_x.y : sum_x.x, d[e]);
+            acc[s][e] = fmaf(to_float(cur.scale[s][h], Tag{}), corrected, acc[s][e]);
+          }
+        }
+      }
+      if (same_rows || round + 1 < rounds) cur = next;
+    }
+    rows = rows_at(r0 + kSplitKTileRows, row_end, chunks, groups, lane);
+
+    // C fragment: acc[s][0..1] = rows s*16 + g, columns 2t, 2t+1; acc[s][2..3] = row + 8. Columns are x rows.
+    float* mine = partials + warp * M * kSplitKPartialStride;
+#pragma unroll
+    for (int s = 0; s < kSubTiles; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 2 * t + (e & 1), row = s * 16 + g + (e >> 1) * 8;
+        if (m < M) mine[m * kSplitKPartialStride + row] = acc[s][e];
+      }
+    __syncthreads();
+    if (threadIdx.x < M * kSplitKTileRows) {
+      const int m = threadIdx.x / kSplitKTileRows, row = threadIdx.x % kSplitKTileRows;
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += partials[(w * M + m) * kSplitKPartialStride + row];
+      if (r0 + row < row_end) {
+        const float b = bias ? to_float(bias[r0 + row], Tag{}) : 0.f;
+        out[(size_t)m * n + r0 + row] = from_float(total + b, Tag{});
+      }
+    }
+    __syncthreads();  // the partials are rewritten by the next rows
+  }
+}
+
+}  // namespace tensor_core
+}  // namespace w4a16
