@@ -61,14 +61,18 @@ def test_shipped_rules_at_their_boundaries(arch_name):
 
 
 def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
-    """sm_90's measured crossover (dispatch_rules.json) stops "auto" below the kernel's row limit; forcing
+    """A measured crossover (dispatch_rules.json) below the kernel's row limit stops "auto" there; forcing
     backend="skinny" still takes every row the kernel was built for."""
     measured = dispatch._measured_skinny_max_m()["sm_90"]["skinny_max_m"]
     r = dispatch.rules("sm_90")
-    assert r.skinny_max_m == measured < r.skinny_rows == w4a16.skinny.limits("sm_90")[0]
+    assert r.skinny_max_m == measured <= r.skinny_rows == w4a16.skinny.limits("sm_90")[0]
     assert decide(measured, 4096, r, **ALL) == "skinny"
     assert decide(measured + 1, 4096, r, **ALL) == "triton"
-    assert r.skinny_fits(r.skinny_rows, 4096, forced=True) and not r.skinny_fits(r.skinny_rows + 1, 4096, forced=True)
+    below = DispatchRules("test", skinny_max_m=2, skinny_staging_elements=5 * 4096, dequant_blas_min_m=None,
+                          skinny_kernel_rows=5)
+    assert decide(2, 4096, below, **ALL) == "skinny" and decide(3, 4096, below, **ALL) == "triton"
+    assert below.skinny_fits(5, 4096, forced=True) and not below.skinny_fits(6, 4096, forced=True)
+    assert not below.skinny_fits(3, 4096)
     # Arches without a measured crossover use the kernel's own limit.
     assert dispatch.rules("gfx1151").skinny_max_m == dispatch.rules("gfx1151").skinny_rows
 
