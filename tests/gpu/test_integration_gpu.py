@@ -222,34 +222,47 @@ def test_cuda_graph_capture_of_the_op(calls):
 
 
 def test_cuda_graph_capture_of_a_model_decode_step(calls):
-    """Prefill eagerly into a static KV cache, capture one decode step of the whole model, replay it."""
+    """Prefill into a static KV cache, capture one decode step of the whole model, replay it for greedy decoding.
+
+    transformers' StaticCache keeps its write position on the device and advances it on every call (the warmup
+    call included), so a step is not idempotent: the eager reference is a second cache driven through the same
+    sequence of calls (prefill, warmup step, then one step per replay) with the same tokens.
+    """
     model = gpu_model("llama", torch.bfloat16, True, seed=8).cuda()
-    cache = transformers.StaticCache(config=model.config, max_cache_len=64)
     ids = torch.randint(0, 1024, (1, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(9))
-    with torch.no_grad():
-        prefill = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(8, device="cuda"))
-    token = prefill.logits[:, -1:].argmax(-1)
+
+    def prefilled():
+        cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+        with torch.no_grad():
+            logits = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(8, device="cuda")).logits
+        return cache, logits[:, -1:].argmax(-1)
+
+    captured_cache, token = prefilled()
+    eager_cache, eager_token = prefilled()
+    assert torch.equal(token, eager_token)
     position = torch.tensor([8], device="cuda")
 
-    def step():
+    def step(cache):
         return model(input_ids=token, past_key_values=cache, cache_position=position).logits
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():
-        step()  # writes position 8 of the cache; the capture and replays rewrite the same slot
+        step(captured_cache)  # warmup
     torch.cuda.current_stream().wait_stream(side)
+    with torch.no_grad():
+        step(eager_cache)  # the same call on the reference cache
     graph = torch.cuda.CUDAGraph()
     before = len(calls)
     with torch.cuda.graph(graph), torch.no_grad():
-        static_logits = step()
+        static_logits = step(captured_cache)
     captured = [b for b, _, _ in calls[before:]]
     generated = []
-    for _ in range(3):  # greedy decode by replay; each step checked against an eager step at the same position
+    for _ in range(3):  # greedy decode by replay, each step checked against the eager step of the reference cache
         graph.replay()
         replayed = static_logits.clone()
         with torch.no_grad():
-            eager = step()
+            eager = step(eager_cache)
         assert_close_scaled(replayed, eager)
         token.copy_(replayed[:, -1:].argmax(-1))
         position += 1
