@@ -44,7 +44,7 @@ int multiprocessor_count() {
 }
 
 // Grid and shared memory of one launch. dot2 kernel: one block per SM / CU, waves own rows; tensor-core kernel:
-// one block per SM, at most one 16-row tile per block.
+// one block per SM, and no more blocks than 16-row tiles.
 struct LaunchShape {
   int threads, blocks, shared_bytes;
 };
