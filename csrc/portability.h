@@ -169,16 +169,6 @@ __device__ __forceinline__ Words4 load_stream(const Words4* p) {
   return r;
 }
 
-// Start pulling a line of weights into L2 without waiting for it: issued before the activation staging, so the
-// first weight loads overlap it. (No-op on AMD, where the staging is short relative to the memory latency.)
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#if defined(W4A16_CUDA)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  (void)p;
-#endif
-}
-
 // Read-only, cached load for the small per-group metadata (scales, zeros), reused by neighbouring lanes.
 template <typename U>
 __device__ __forceinline__ U load_cached(const U* p) {

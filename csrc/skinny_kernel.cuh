@@ -59,15 +59,6 @@ __global__ void __launch_bounds__(block_threads<M>(), 1)
   const int row_begin = (int)(wave * n / total_waves);
   const int row_end = (int)((wave + 1) * n / total_waves);
 
-  // The first step's weights head for L2 while the block stages x (with large M * K the staging reads are long).
-#pragma unroll
-  for (int r = 0; r < kRowsPerWave; ++r)
-#pragma unroll
-    for (int u = 0; u < kChunkUnroll; ++u) {
-      const int c = lane + u * kWaveSize;
-      if (row_begin + r < row_end && c < chunks) prefetch_l2(qweight + (size_t)(row_begin + r) * chunks + c);
-    }
-
   // ---- stage the activations once per block -------------------------------------------------------------------
   for (int i = threadIdx.x; i < M * chunks; i += blockDim.x) {
     const int m = i / chunks, c = i - m * chunks;
