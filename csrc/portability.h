@@ -139,14 +139,11 @@ constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
 constexpr int kWaveSize = 32;
 #endif
 
-// Butterfly reduction step across lanes. HIP lowers __shfl_xor to ds_swizzle / DPP or ds_bpermute.
-__device__ __forceinline__ float lane_xor(float v, int mask) {
 #if defined(W4A16_HIP)
-  return __shfl_xor(v, mask, kWaveSize);
-#else
-  return __shfl_xor_sync(0xffffffffu, v, mask);
+// Butterfly reduction step across lanes (the dot2 kernel). HIP lowers __shfl_xor to ds_swizzle / DPP or
+// ds_bpermute. The NVIDIA kernel reduces through the mma and shared memory instead.
+__device__ __forceinline__ float lane_xor(float v, int mask) { return __shfl_xor(v, mask, kWaveSize); }
 #endif
-}
 
 struct alignas(16) Words4 {
   uint32_t w[4];
