@@ -78,7 +78,7 @@ W4A16_HD constexpr ArchLimits arch_limits(ArchId id) {
 // The tensor-core kernel (skinny_mma.cuh, NVIDIA): kSplitKWarps warps split the k-steps of kSplitKTileRows
 // weight rows and add their fp32 partials in shared memory, one [M][kSplitKPartialStride] slice per warp (the
 // stride's 4 floats of padding keep the fragment writes free of bank conflicts).
-constexpr int kSplitKWarps = 16;
+constexpr int kSplitKWarps = 12;  // with skinny_mma.cuh's kPipelineDepth: the measured best (csrc/PERF.md)
 constexpr int kSplitKTileRows = 32;
 constexpr int kSplitKPartialStride = kSplitKTileRows + 4;
 W4A16_HD constexpr int split_k_partial_bytes(int rows) { return kSplitKWarps * rows * kSplitKPartialStride * 4; }

@@ -22,9 +22,9 @@
 // as the Triton path).
 //
 // Work split. A block of kWarps warps owns a balanced contiguous range of 16-row tiles; it walks the range kTileRows
-// rows at a time, and its warps split the k-steps of those rows (contiguous, balanced). Each warp loads the weights
-// of its next (rows, k-step) before computing the current one, across row boundaries, so the weight stream never
-// drains. The warps' partial sums meet in shared memory; bias and the cast happen in that reduction.
+// rows at a time, and its warps split the k-steps of those rows (contiguous, balanced). Each warp keeps the weights
+// of its next kPipelineDepth - 1 (rows, k-step) units in flight while computing the current one, across row
+// boundaries, so the weight stream does not drain at the end of a round. The warps' partial sums meet in shared memory; bias and the cast happen in that reduction.
 //
 // Shared memory (dynamic, shared_bytes below): xs [M][K] 16-bit (pieces rotated, xs_piece), the sums of x per k-step
 // sx [steps][M rounded up to even] fp32, then the split-K partials [kWarps][M][kSplitKPartialStride] fp32.
@@ -39,6 +39,12 @@ constexpr int kWarps = kSplitKWarps;
 constexpr int kThreads = kWarps * 32;
 constexpr int kSubTiles = kSplitKTileRows / 16;  // 16-row mma tiles per warp and step
 constexpr int kStepK = 128;                      // 4 lanes x 32 k
+// Units (one k-step of 32 rows, 64 bytes of weights per lane) held per warp, the one being computed included.
+// 3 units at 12 warps (168 registers) measured best of 8, 12 and 16 warps at depths 2-4 (csrc/PERF.md); 16 warps
+// cannot hold a third unit in 128 registers without spilling.
+constexpr int kPipelineDepth = 3;
+// Independent accumulators per sub-tile for a unit's 8 mmas: 2 measured 0-2% faster than 1, 4 no better.
+constexpr int kMmaChains = 2;
 
 // Columns of the staged sums of x: M rounded up to even, so a lane reads its two columns (2t, 2t + 1) at once.
 W4A16_HD constexpr int sum_columns(int m) { return (m + 1) / 2 * 2; }
@@ -79,11 +85,11 @@ __device__ __forceinline__ uint16_t neg_raw_zero_bits(int z) {
 __device__ __forceinline__ uint32_t splat(uint16_t bits) { return uint32_t(bits) * 0x10001u; }
 
 // Where a lane's four weight rows (rows g and g + 8 of each sub-tile) start, as element offsets (the binding
-// keeps N * K / 32 within int), and whether they exist.
+// keeps N * K / 32 within int). Rows past the block's range are clamped to its last row: they are loaded (from
+// the cache, mostly) and computed like any other, and the reduction never writes them, so no load is predicated.
 struct Rows {
   int chunk[kSubTiles][2];  // row * chunks + t: this lane's chunk of k-step 0
   int meta[kSubTiles][2];   // row * groups
-  bool live[kSubTiles][2];
 };
 
 __device__ __forceinline__ Rows rows_at(int r0, int row_end, int chunks, int groups, int lane) {
@@ -92,8 +98,7 @@ __device__ __forceinline__ Rows rows_at(int r0, int row_end, int chunks, int gro
   for (int s = 0; s < kSubTiles; ++s)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = r0 + s * 16 + (lane >> 2) + h * 8;
-      r.live[s][h] = row < row_end;
+      const int row = min(r0 + s * 16 + (lane >> 2) + h * 8, row_end - 1);
       r.chunk[s][h] = row * chunks + (lane & 3);
       r.meta[s][h] = row * groups;
     }
@@ -107,21 +112,22 @@ struct Unit {
   uint8_t zero[kSubTiles][2];
 };
 
+// Every load is unconditional: a conditional load would make the compiler merge its destination registers with
+// the other branch's, and that merge waits for the load, which ends the pipelining. Past the end of K (G < 128,
+// K % 128 != 0) a lane reads the row's last chunk instead; its activations are zero (mma_unit).
 template <int G, bool kSymmetric>
 __device__ __forceinline__ void load_unit(Unit& u, const Rows& r, const Words4* __restrict__ qweight,
                                           const uint16_t* __restrict__ scales, const uint8_t* __restrict__ zeros,
                                           int step, int chunks, int lane) {
-  const int c = step * 4 + (lane & 3);
-  const bool chunk_live = G == kStepK || c < chunks;  // K % 128 == 0 when G = 128
-  const int group = G == kStepK ? step : (chunk_live ? c * kChunkK / G : 0);
+  const int c = G == kStepK ? step * 4 : min(step * 4 + (lane & 3), chunks - 1) - (lane & 3);  // K % 128 == 0 when G = 128
+  const int group = G == kStepK ? step : (c + (lane & 3)) * kChunkK / G;
 #pragma unroll
   for (int s = 0; s < kSubTiles; ++s)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const bool live = chunk_live && r.live[s][h];
-      u.w[s][h] = live ? load_stream(qweight + r.chunk[s][h] + step * 4) : Words4{{0u, 0u, 0u, 0u}};
-      u.scale[s][h] = live ? load_cached(scales + r.meta[s][h] + group) : uint16_t(0);
-      u.zero[s][h] = kSymmetric ? uint8_t(8) : (live ? load_cached(zeros + r.meta[s][h] + group) : uint8_t(0));
+      u.w[s][h] = load_stream(qweight + r.chunk[s][h] + c);
+      u.scale[s][h] = load_cached(scales + r.meta[s][h] + group);
+      u.zero[s][h] = kSymmetric ? uint8_t(8) : load_cached(zeros + r.meta[s][h] + group);
     }
 }
 
@@ -132,6 +138,90 @@ __device__ __forceinline__ uint32_t a_pair(const Unit& u, int s, int h, int j, i
   if constexpr (G == kStepK) return raw;
   const uint32_t q_minus_z = fma2(raw, Packed<Tag>::kOne, splat(neg_raw_zero_bits<Tag>(u.zero[s][h])), Tag{});
   return fma2(q_minus_z, splat(u.scale[s][h]), 0x80008000u, Tag{});  // + (-0): a plain product, one rounding
+}
+
+// acc += this unit's 32 rows x 128 k against the staged activations of k-step `step`.
+template <typename Tag, int G, int M>
+__device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit& u, const Words4* xs,
+                                         const float* sx, int step, int chunks, int lane) {
+  constexpr int kSumColumns = sum_columns(M);
+  const int g = lane >> 2, t = lane & 3;
+  // B: the 32 activations of row g matching this lane's chunk. Columns g >= M are padding whose results are
+  // never stored, so they read row M - 1 (no predicate, see load_unit); past K (G < 128) B must be zero.
+  const int c = step * 4 + t;
+  const int xrow = min(g, M - 1);
+  uint32_t b[16];
+  const bool x_live = G == kStepK || c < chunks;
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const Words4 piece = x_live ? xs[xrow * chunks * 4 + xs_piece(xrow, c, p)] : Words4{{0u, 0u, 0u, 0u}};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) b[p * 4 + e] = piece.w[e];
+  }
+  // The staged sums of columns 2t, 2t + 1 (G = 128); lanes whose columns are all padding read the last pair.
+  float2 sum_x = make_float2(0.f, 0.f);
+  if constexpr (G == kStepK)
+    sum_x = *reinterpret_cast<const float2*>(sx + step * kSumColumns + min(2 * t, kSumColumns - 2));
+#pragma unroll
+  for (int s = 0; s < kSubTiles; ++s) {
+    // The unit's 8 mmas per sub-tile go round-robin into kMmaChains independent accumulators: one chain of 8
+    // dependent mmas would leave each warp waiting on the tensor core's latency (csrc/PERF.md).
+    float d[kMmaChains][4] = {};
+#pragma unroll
+    for (int w = 0; w < 4; ++w)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // Registers {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi} <- pairs 2*half and 2*half+1 of word w.
+        const uint32_t a[4] = {a_pair<Tag, G>(u, s, 0, w, 2 * half), a_pair<Tag, G>(u, s, 1, w, 2 * half),
+                               a_pair<Tag, G>(u, s, 0, w, 2 * half + 1), a_pair<Tag, G>(u, s, 1, w, 2 * half + 1)};
+        mma_16x8x16(d[(2 * w + half) % kMmaChains], a, b[4 * w + 2 * half], b[4 * w + 2 * half + 1], Tag{});
+      }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float dot = d[0][e];
+#pragma unroll
+      for (int chain = 1; chain < kMmaChains; ++chain) dot += d[chain][e];
+      if constexpr (G == kStepK) {  // raw pairs: remove the offset, then scale (one group per k-step)
+        const int h = e >> 1;
+        const float corrected = fmaf(-raw_zero<Tag>(u.zero[s][h]), (e & 1) ? sum_x.y : sum_x.x, dot);
+        acc[s][e] = fmaf(to_float(u.scale[s][h], Tag{}), corrected, acc[s][e]);
+      } else {
+        acc[s][e] += dot;
+      }
+    }
+  }
+}
+
+// The end of a round of rows r0 .. r0 + kSplitKTileRows: every warp's partial sums meet in shared memory, the
+// block's threads add them up, one output each, in a fixed order (deterministic), add the bias and store. Every
+// warp of the block calls this once per round, in the same order (it holds the block's barriers).
+template <typename Tag, int M>
+__device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* partials, int r0, int row_end,
+                                             const uint16_t* __restrict__ bias, uint16_t* __restrict__ out, int n) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane >> 2, t = lane & 3;
+  // C fragment: acc[s][0..1] = rows s*16 + g, columns 2t, 2t+1; acc[s][2..3] = row + 8. Columns are x rows.
+  float* mine = partials + warp * M * kSplitKPartialStride;
+#pragma unroll
+  for (int s = 0; s < kSubTiles; ++s)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 2 * t + (e & 1), row = s * 16 + g + (e >> 1) * 8;
+      if (m < M) mine[m * kSplitKPartialStride + row] = acc[s][e];
+      acc[s][e] = 0.f;
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < M * kSplitKTileRows; i += kThreads) {
+    const int m = i / kSplitKTileRows, row = i % kSplitKTileRows;
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += partials[(w * M + m) * kSplitKPartialStride + row];
+    if (r0 + row < row_end) {
+      const float b = bias ? to_float(bias[r0 + row], Tag{}) : 0.f;
+      out[(size_t)m * n + r0 + row] = from_float(total + b, Tag{});
+    }
+  }
+  __syncthreads();  // the partials are rewritten by the next round
 }
 
 template <typename Tag, int G, bool kSymmetric, int M>
@@ -151,17 +241,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* partials = sx + steps * kSumColumns;                          // [kWarps][M][kSplitKPartialStride]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int g = lane >> 2, t = lane & 3;
   const int tiles = (n + 15) / 16;
   const int row_begin = (int)((long long)blockIdx.x * tiles / gridDim.x) * 16;
   const int row_end = min(n, (int)((long long)(blockIdx.x + 1) * tiles / gridDim.x) * 16);
   const int step_begin = warp * steps / kWarps, my_steps = (warp + 1) * steps / kWarps - step_begin;
   const int rounds = (row_end - row_begin + kSplitKTileRows - 1) / kSplitKTileRows;
 
-  // The first unit's weights are in flight while the block stages x.
-  Rows rows = rows_at(row_begin, row_end, chunks, groups, lane);
-  Unit cur;
-  if (my_steps > 0 && rounds > 0) load_unit<G, kSymmetric>(cur, rows, qweight, scales, zeros, step_begin, chunks, lane);
+  // A warp's work is one stream of units, round-major: (round 0, its first k-step), (round 0, next), ... The
+  // loads run kPipelineDepth - 1 units ahead of the mmas, in a ring of registers (static indices, see the loop).
+  const int units = rounds * my_steps;
+  int loaded = 0, load_round = 0, load_j = 0;  // the next unit to load
+  Rows load_rows = rows_at(row_begin, row_end, chunks, groups, lane);
+  // Past its last unit a warp loads that unit again (cached): unconditional loads, see load_unit.
+  auto load_next = [&](Unit& u) {
+    load_unit<G, kSymmetric>(u, load_rows, qweight, scales, zeros, step_begin + load_j, chunks, lane);
+    if (++loaded < units && ++load_j == my_steps) {
+      load_j = 0;
+      ++load_round;
+      load_rows = rows_at(row_begin + load_round * kSplitKTileRows, row_end, chunks, groups, lane);
+    }
+  };
+  Unit ring[kPipelineDepth];
+  // The first units' weights are in flight while the block stages x.
+#pragma unroll
+  for (int d = 0; d + 1 < kPipelineDepth; ++d) load_next(ring[d]);
 
   // Stage x one (row, k-step) at a time: 16 independent 16-byte loads per thread, summed from registers (the
   // correction term of the G = 128 path). The last k-step may hold fewer than 4 chunks when G < 128.
@@ -190,86 +293,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int step = threadIdx.x; step < steps; step += kThreads) sx[step * kSumColumns + M] = 0.f;
   __syncthreads();
 
-  for (int round = 0; round < rounds; ++round) {
-    const int r0 = row_begin + round * kSplitKTileRows;
-    float acc[kSubTiles][4];
+  float acc[kSubTiles][4];
 #pragma unroll
-    for (int s = 0; s < kSubTiles; ++s)
+  for (int s = 0; s < kSubTiles; ++s)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[s][e] = 0.f;
-
-    for (int j = 0; j < my_steps; ++j) {
-      const int step = step_begin + j;
-      // Next unit: the following k-step of these rows, or the first k-step of the next rows.
-      Unit next;
-      const bool same_rows = j + 1 < my_steps;
-      if (same_rows) load_unit<G, kSymmetric>(next, rows, qweight, scales, zeros, step + 1, chunks, lane);
-      else if (round + 1 < rounds)
-        load_unit<G, kSymmetric>(next, rows_at(r0 + kSplitKTileRows, row_end, chunks, groups, lane), qweight, scales,
-                                 zeros, step_begin, chunks, lane);
-
-      // B: the 32 activations of row g matching this lane's chunk (zero for padding columns and past K).
-      const int c = step * 4 + t;
-      uint32_t b[16];
-      const bool x_live = g < M && c < chunks;
+    for (int e = 0; e < 4; ++e) acc[s][e] = 0.f;
+  if (units == 0) {  // more warps than k-steps: this one only takes part in the reductions
+    for (int round = 0; round < rounds; ++round)
+      finish_round<Tag, M>(acc, partials, row_begin + round * kSplitKTileRows, row_end, bias, out, n);
+    return;
+  }
+  // Unit i sits in ring[i % kPipelineDepth]: unrolling by the depth makes every index static. Before computing
+  // unit i, the slot of unit i - 1 receives unit i + kPipelineDepth - 1.
+  int round = 0, j = 0;
+  for (int base = 0; base < units; base += kPipelineDepth) {
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const Words4 piece = x_live ? xs[g * chunks * 4 + xs_piece(g, c, p)] : Words4{{0u, 0u, 0u, 0u}};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) b[p * 4 + e] = piece.w[e];
-      }
-      float2 sum_x = make_float2(0.f, 0.f);  // columns 2t, 2t + 1
-      if constexpr (G == kStepK)
-        if (2 * t < M) sum_x = *reinterpret_cast<const float2*>(sx + step * kSumColumns + 2 * t);
-#pragma unroll
-      for (int s = 0; s < kSubTiles; ++s) {
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-        float(&sum)[4] = G == kStepK ? d : acc[s];
-#pragma unroll
-        for (int w = 0; w < 4; ++w)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            // Registers {row g k lo, row g+8 k lo, row g k hi, row g+8 k hi} <- pairs 2*half and 2*half+1 of word w.
-            const uint32_t a[4] = {a_pair<Tag, G>(cur, s, 0, w, 2 * half), a_pair<Tag, G>(cur, s, 1, w, 2 * half),
-                                   a_pair<Tag, G>(cur, s, 0, w, 2 * half + 1),
-                                   a_pair<Tag, G>(cur, s, 1, w, 2 * half + 1)};
-            mma_16x8x16(sum, a, b[4 * w + 2 * half], b[4 * w + 2 * half + 1], Tag{});
-          }
-        if constexpr (G == kStepK) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1;
-            const float zero = raw_zero<Tag>(cur.zero[s][h]);
-            const float corrected = fmaf(-zero, (e & 1) ? sum_x.y : sum_x.x, d[e]);
-            acc[s][e] = fmaf(to_float(cur.scale[s][h], Tag{}), corrected, acc[s][e]);
-          }
+    for (int d = 0; d < kPipelineDepth; ++d) {
+      if (base + d < units) {
+        load_next(ring[(d + kPipelineDepth - 1) % kPipelineDepth]);
+        mma_unit<Tag, G, M>(acc, ring[d], xs, sx, step_begin + j, chunks, lane);
+        if (++j == my_steps) {
+          finish_round<Tag, M>(acc, partials, row_begin + round * kSplitKTileRows, row_end, bias, out, n);
+          j = 0;
+          ++round;
         }
       }
-      if (same_rows || round + 1 < rounds) cur = next;
     }
-    rows = rows_at(r0 + kSplitKTileRows, row_end, chunks, groups, lane);
-
-    // C fragment: acc[s][0..1] = rows s*16 + g, columns 2t, 2t+1; acc[s][2..3] = row + 8. Columns are x rows.
-    float* mine = partials + warp * M * kSplitKPartialStride;
-#pragma unroll
-    for (int s = 0; s < kSubTiles; ++s)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = 2 * t + (e & 1), row = s * 16 + g + (e >> 1) * 8;
-        if (m < M) mine[m * kSplitKPartialStride + row] = acc[s][e];
-      }
-    __syncthreads();
-    if (threadIdx.x < M * kSplitKTileRows) {
-      const int m = threadIdx.x / kSplitKTileRows, row = threadIdx.x % kSplitKTileRows;
-      float total = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) total += partials[(w * M + m) * kSplitKPartialStride + row];
-      if (r0 + row < row_end) {
-        const float b = bias ? to_float(bias[r0 + row], Tag{}) : 0.f;
-        out[(size_t)m * n + r0 + row] = from_float(total + b, Tag{});
-      }
-    }
-    __syncthreads();  // the partials are rewritten by the next rows
   }
 }
 
