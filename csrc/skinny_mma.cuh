@@ -24,10 +24,12 @@
 // Work split. A block of kWarps warps owns a balanced contiguous range of 16-row tiles; it walks the range kTileRows
 // rows at a time, and its warps split the k-steps of those rows (contiguous, balanced). Each warp keeps the weights
 // of its next kPipelineDepth - 1 (rows, k-step) units in flight while computing the current one, across row
-// boundaries, so the weight stream does not drain at the end of a round. The warps' partial sums meet in shared memory; bias and the cast happen in that reduction.
+// boundaries, so the weight stream does not drain at the end of a round. The warps' partial sums meet in shared
+// memory; bias and the cast happen in that reduction.
 //
 // Shared memory (dynamic, shared_bytes below): xs [M][K] 16-bit (pieces rotated, xs_piece), the sums of x per k-step
-// sx [steps][M rounded up to even] fp32, then the split-K partials [kWarps][M][kSplitKPartialStride] fp32.
+// sx [steps][M rounded up to even] fp32, then the split-K partials [kWarps][M][kSplitKPartialStride] fp32. Each warp
+// stages (and alone reads) the k-steps of xs and sx that it owns.
 #pragma once
 
 #include "skinny_common.cuh"
