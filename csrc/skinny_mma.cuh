@@ -121,7 +121,8 @@ template <int G, bool kSymmetric>
 __device__ __forceinline__ void load_unit(Unit& u, const Rows& r, const Words4* __restrict__ qweight,
                                           const uint16_t* __restrict__ scales, const uint8_t* __restrict__ zeros,
                                           int step, int chunks, int lane) {
-  const int c = G == kStepK ? step * 4 : min(step * 4 + (lane & 3), chunks - 1) - (lane & 3);  // K % 128 == 0 when G = 128
+  // The chunk this lane reads, less its lane offset (r.chunk holds it). K % 128 == 0 when G = 128.
+  const int c = G == kStepK ? step * 4 : min(step * 4 + (lane & 3), chunks - 1) - (lane & 3);
   const int group = G == kStepK ? step : (c + (lane & 3)) * kChunkK / G;
 #pragma unroll
   for (int s = 0; s < kSubTiles; ++s)
