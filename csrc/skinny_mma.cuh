@@ -167,8 +167,8 @@ __device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit&
     sum_x = *reinterpret_cast<const float2*>(sx + step * kSumColumns + min(2 * t, kSumColumns - 2));
 #pragma unroll
   for (int s = 0; s < kSubTiles; ++s) {
-    // The unit's 8 mmas per sub-tile go round-robin into kMmaChains independent accumulators: one chain of 8
-    // dependent mmas would leave each warp waiting on the tensor core's latency (csrc/PERF.md).
+    // The unit's 8 mmas per sub-tile go round-robin into kMmaChains independent accumulators, so consecutive
+    // mmas need not wait for each other (a small measured gain, see kMmaChains).
     float d[kMmaChains][4] = {};
 #pragma unroll
     for (int w = 0; w < 4; ++w)
