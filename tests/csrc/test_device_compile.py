@@ -110,3 +110,11 @@ def test_asm_summary_text(compiled, tmp_path):
     assert "v_dot2" in text and "spills: 0" in text and "30720 elements" in text
     with pytest.raises(ValueError, match="arch must be one of"):
         skinny_build.asm_summary("sm_75", tmp_path)
+
+
+def test_read_pattern_benchmark_compiles(tmp_path):
+    """tests/csrc/read_patterns.cu (the weight-stream ceilings csrc/PERF.md cites) still builds for sm_90."""
+    nvcc = skinny_build.nvcc_path()
+    require_tool(nvcc is not None, _tool_reason("sm_90") or "nvcc")
+    subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-c",
+                    str(HERE / "read_patterns.cu"), "-o", str(tmp_path / "read_patterns.o")], check=True)

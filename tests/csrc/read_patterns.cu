@@ -1,0 +1,257 @@
+// How fast can the skinny kernel's weight stream go? Reads the packed weights of the bench shapes with no
+// arithmetic, in the kernel's access pattern and in variants of it, and prints µs per call and GB/s.
+// csrc/PERF.md gives the figures measured on the H200 and what they decided.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/read_patterns tests/csrc/read_patterns.cu
+//   /tmp/read_patterns
+//
+// Protocol as bench_skinny.py: CUDA-graph replay over copies of the weights totalling 512 MB (>= 4x the L2),
+// median of 9 replays. Each kernel folds what it reads into a value it stores only if it hits a magic number, so
+// the loads cannot be removed.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(x)                                                              \
+  do {                                                                        \
+    cudaError_t e = (x);                                                      \
+    if (e != cudaSuccess) {                                                   \
+      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                     \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+struct alignas(16) Piece {
+  uint32_t w[4];
+};
+
+// The kernel's weight load (portability.h: load_stream).
+__device__ __forceinline__ Piece load_stream(const Piece* p) {
+  Piece r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+               : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t fold(const Piece& v) { return v.w[0] + v.w[1] * 3 + v.w[2] * 5 + v.w[3]; }
+
+// The ceiling: every thread reads consecutive 16-byte pieces, grid-stride, four in flight.
+__global__ void contiguous(const Piece* p, size_t pieces, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < pieces; i += 4 * stride)
+    acc ^= fold(load_stream(p + i)) ^ fold(load_stream(p + i + stride)) ^ fold(load_stream(p + i + 2 * stride)) ^
+           fold(load_stream(p + i + 3 * stride));
+  for (; i < pieces; i += stride) acc ^= fold(load_stream(p + i));
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// The skinny kernel's split: a block owns rounds of 32 weight rows (one contiguous range of rounds per block, or
+// rounds dealt round-robin over the blocks), its warps split the 2 KB units of each round (kRows rows x 2048 /
+// kRows bytes; the kernel's unit is 32 rows x 64 bytes), each warp holds kDepth units, the one being consumed
+// included. kAsync: the units travel by cp.async into a per-warp ring in shared memory; else by 16-byte loads into
+// registers, as the kernel does.
+template <int kDepth, int kWarps, int kRows, bool kRoundRobin, bool kAsync>
+__global__ void __launch_bounds__(kWarps * 32, 1) skinny_split(const Piece* q, int n, int k, uint32_t* sink) {
+  extern __shared__ Piece ring_memory[];
+  constexpr int kColumns = 128 / kRows;  // 16-byte pieces per row in a unit
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row_pieces = k / 32;
+  const int units_per_row = row_pieces / kColumns;
+  const int per_round = (32 / kRows) * units_per_row;
+  const int total_rounds = (n + 31) / 32;
+  const int first_round = kRoundRobin ? blockIdx.x : (int)((long long)blockIdx.x * total_rounds / gridDim.x);
+  const int rounds = kRoundRobin ? (total_rounds - blockIdx.x + gridDim.x - 1) / gridDim.x
+                                 : (int)((long long)(blockIdx.x + 1) * total_rounds / gridDim.x) - first_round;
+  const int unit_begin = warp * per_round / kWarps, my_units = (warp + 1) * per_round / kWarps - unit_begin;
+  const int units = rounds * my_units;
+  if (units <= 0) return;
+  Piece* ring = ring_memory + warp * kDepth * 128;
+  Piece held[kDepth][4];
+  auto address = [&](int i, int r) {
+    const int round = i / my_units, u = unit_begin + i % my_units;
+    const int round_row = (kRoundRobin ? first_round + round * gridDim.x : first_round + round) * 32;
+    const int p = r * 32 + lane;
+    const int row = min(round_row + (u / units_per_row) * kRows + p / kColumns, n - 1);
+    return q + (size_t)row * row_pieces + (u % units_per_row) * kColumns + p % kColumns;
+  };
+  int next = 0;
+  auto load = [&](int slot) {
+    const int i = min(next++, units - 1);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if (kAsync) {
+        const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + slot * 128 + r * 32 + lane);
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(address(i, r)));
+      } else {
+        held[slot][r] = load_stream(address(i, r));
+      }
+    }
+    if (kAsync) asm volatile("cp.async.commit_group;");
+  };
+  uint32_t acc = 0;
+#pragma unroll
+  for (int d = 0; d + 1 < kDepth; ++d) load(d);
+  for (int base = 0; base < units; base += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (base + d < units) {
+        load((d + kDepth - 1) % kDepth);
+        if (kAsync) asm volatile("cp.async.wait_group %0;" ::"n"(kDepth - 1));
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc ^= fold(kAsync ? ring[d * 128 + r * 32 + lane] : held[d][r]);
+      }
+    }
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// The register split again, plus a bulk L2 prefetch of each warp's part of a round, kAhead rounds ahead.
+template <int kAhead>
+__global__ void __launch_bounds__(384, 1) skinny_split_prefetch(const Piece* q, int n, int k, uint32_t* sink) {
+  constexpr int kDepth = 3, kWarps = 12;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
+  const int row_pieces = k / 32, steps = k / 128;
+  const int total_rounds = (n + 31) / 32;
+  const int first_round = (int)((long long)blockIdx.x * total_rounds / gridDim.x);
+  const int rounds = (int)((long long)(blockIdx.x + 1) * total_rounds / gridDim.x) - first_round;
+  const int step_begin = warp * steps / kWarps, my_steps = (warp + 1) * steps / kWarps - step_begin;
+  const int units = rounds * my_steps;
+  if (units <= 0) return;
+  auto prefetch_round = [&](int round) {
+    const int row = (first_round + round) * 32 + lane;
+    if (round < rounds && row < n)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q + (size_t)row * row_pieces + step_begin * 4),
+                   "r"(my_steps * 64)
+                   : "memory");
+  };
+  for (int r = 0; r <= kAhead; ++r) prefetch_round(r);
+  Piece held[kDepth][4];
+  int next = 0;
+  auto load = [&](int slot) {
+    const int i = min(next++, units - 1);
+    const int round = i / my_steps, step = step_begin + i % my_steps;
+    if (i % my_steps == 0 && round > 0 && next <= units) prefetch_round(round + kAhead);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = min((first_round + round) * 32 + g + r * 8, n - 1);
+      held[slot][r] = load_stream(q + (size_t)row * row_pieces + step * 4 + t);
+    }
+  };
+  uint32_t acc = 0;
+#pragma unroll
+  for (int d = 0; d + 1 < kDepth; ++d) load(d);
+  for (int base = 0; base < units; base += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (base + d < units) {
+        load((d + kDepth - 1) % kDepth);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc ^= fold(held[d][r]);
+      }
+    }
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+using Launch = void (*)(const Piece*, int, int, uint32_t*);
+struct Variant {
+  const char* name;
+  Launch kernel;
+  int warps, depth;
+  bool async;
+};
+// Named "split d<depth> w<warps> rows<rows per unit> [rr: round-robin rounds] regs|async".
+#define SPLIT(D, W, R, RR, A, NAME) {NAME, skinny_split<D, W, R, RR, A>, W, D, A}
+
+template <typename F>
+float per_call_us(F launch, int copies) {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  constexpr int kRepeats = 4;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int r = 0; r < kRepeats; ++r)
+    for (int c = 0; c < copies; ++c) launch(c, stream);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, end;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&end));
+  std::vector<float> us;
+  for (int rep = 0; rep < 9; ++rep) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(end, stream));
+    CHECK(cudaEventSynchronize(end));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, end));
+    us.push_back(ms * 1000.f / (kRepeats * copies));
+  }
+  std::sort(us.begin(), us.end());
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  return us[us.size() / 2];
+}
+
+int main() {
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  struct Shape {
+    const char* name;
+    int n, k;
+  } shapes[] = {{"llama3.1-8b gate_up", 28672, 4096},
+                {"llama3.1-8b down", 4096, 14336},
+                {"llama3.1-8b qkv", 6144, 4096},
+                {"qwen3-4b o", 2560, 4096}};
+  const Variant variants[] = {
+      SPLIT(3, 12, 32, false, false, "split d3 w12 rows32 regs (the kernel's)"),
+      SPLIT(4, 12, 32, false, false, "split d4 w12 rows32 regs"),
+      SPLIT(6, 12, 32, false, false, "split d6 w12 rows32 regs"),
+      SPLIT(3, 12, 32, false, true, "split d3 w12 rows32 async"),
+      SPLIT(4, 12, 32, false, true, "split d4 w12 rows32 async"),
+      SPLIT(6, 12, 32, false, true, "split d6 w12 rows32 async"),
+      SPLIT(3, 12, 16, true, true, "split d3 w12 rows16 rr async"),
+      SPLIT(4, 12, 8, false, true, "split d4 w12 rows8 async"),
+      SPLIT(4, 8, 16, true, true, "split d4 w8 rows16 rr async"),
+      {"split d3 w12 rows32 regs + L2 prefetch 1 round ahead", skinny_split_prefetch<1>, 12, 0, false},
+      {"split d3 w12 rows32 regs + L2 prefetch 2 rounds ahead", skinny_split_prefetch<2>, 12, 0, false}};
+  for (const Variant& v : variants)
+    if (v.async)
+      CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.warps * v.depth * 2048));
+  uint32_t* sink;
+  CHECK(cudaMalloc(&sink, 4));
+  const size_t total = 512ull << 20;
+  char* weights;
+  CHECK(cudaMalloc(&weights, total));
+  CHECK(cudaMemset(weights, 0x5A, total));
+  std::printf("%-20s %-56s %8s %8s\n", "shape", "pattern", "us", "GB/s");
+  for (const Shape& s : shapes) {
+    const size_t bytes = (size_t)s.n * s.k / 2;
+    const int copies = (int)std::max<size_t>(2, total / bytes);
+    auto copy = [&](int c) { return reinterpret_cast<const Piece*>(weights + (size_t)c * bytes); };
+    auto report = [&](const char* name, float us) {
+      std::printf("%-20s %-56s %8.2f %8.0f\n", s.name, name, us, bytes / us / 1e3);
+    };
+    report("contiguous, 4 blocks per SM x 256 threads", per_call_us([&](int c, cudaStream_t st) {
+             contiguous<<<sms * 4, 256, 0, st>>>(copy(c), bytes / 16, sink);
+           }, copies));
+    const int blocks = std::min(sms, (s.n + 31) / 32);
+    for (const Variant& v : variants) {
+      const int shared = v.async ? v.warps * v.depth * 2048 : 0;
+      report(v.name, per_call_us([&](int c, cudaStream_t st) {
+               v.kernel<<<blocks, v.warps * 32, shared, st>>>(copy(c), s.n, s.k, sink);
+             }, copies));
+    }
+  }
+  CHECK(cudaGetLastError());
+  return 0;
+}
