@@ -196,6 +196,8 @@ float per_call_us(F launch, int copies) {
     us.push_back(ms * 1000.f / (kRepeats * copies));
   }
   std::sort(us.begin(), us.end());
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(end));
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(stream));
