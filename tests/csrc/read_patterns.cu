@@ -51,6 +51,24 @@ __global__ void contiguous(const Piece* p, size_t pieces, uint32_t* sink) {
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
+// The kernel's pipeline: units 0 .. units - 1 pass through kDepth slots; before slot d's unit is consumed, the
+// slot consumed last receives the unit kDepth - 1 ahead. Unrolled by the depth so that every slot index is static
+// (a register ring stays in registers).
+template <int kDepth, typename Load, typename Consume>
+__device__ __forceinline__ void pipeline(int units, Load load, Consume consume) {
+#pragma unroll
+  for (int d = 0; d + 1 < kDepth; ++d) load(d);
+  for (int base = 0; base < units; base += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (base + d < units) {
+        load((d + kDepth - 1) % kDepth);
+        consume(d);
+      }
+    }
+  }
+}
+
 // The skinny kernel's split: a block owns rounds of 32 weight rows (one contiguous range of rounds per block, or
 // rounds dealt round-robin over the blocks), its warps split the 2 KB units of each round (kRows rows x 2048 /
 // kRows bytes; the kernel's unit is 32 rows x 64 bytes), each warp holds kDepth units, the one being consumed
@@ -95,19 +113,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) skinny_split(const Piece* q, i
     if (kAsync) asm volatile("cp.async.commit_group;");
   };
   uint32_t acc = 0;
+  pipeline<kDepth>(units, load, [&](int slot) {
+    if (kAsync) asm volatile("cp.async.wait_group %0;" ::"n"(kDepth - 1));
 #pragma unroll
-  for (int d = 0; d + 1 < kDepth; ++d) load(d);
-  for (int base = 0; base < units; base += kDepth) {
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      if (base + d < units) {
-        load((d + kDepth - 1) % kDepth);
-        if (kAsync) asm volatile("cp.async.wait_group %0;" ::"n"(kDepth - 1));
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc ^= fold(kAsync ? ring[d * 128 + r * 32 + lane] : held[d][r]);
-      }
-    }
-  }
+    for (int r = 0; r < 4; ++r) acc ^= fold(kAsync ? ring[slot * 128 + r * 32 + lane] : held[slot][r]);
+  });
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
@@ -144,18 +154,10 @@ __global__ void __launch_bounds__(384, 1) skinny_split_prefetch(const Piece* q, 
     }
   };
   uint32_t acc = 0;
+  pipeline<kDepth>(units, load, [&](int slot) {
 #pragma unroll
-  for (int d = 0; d + 1 < kDepth; ++d) load(d);
-  for (int base = 0; base < units; base += kDepth) {
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      if (base + d < units) {
-        load((d + kDepth - 1) % kDepth);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc ^= fold(held[d][r]);
-      }
-    }
-  }
+    for (int r = 0; r < 4; ++r) acc ^= fold(held[slot][r]);
+  });
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
