@@ -73,7 +73,9 @@ void check_aligned(const at::Tensor& t, const char* name) {
 // Shape/dtype checks shared by the real and the meta implementation. Returns (M, N, K).
 std::vector<int64_t> check_args(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                                 const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
-                                int64_t group_size) {
+                                int64_t group_size, int64_t cluster_blocks) {
+  TORCH_CHECK_VALUE(cluster_blocks == 0 || cluster_blocks == 1 || cluster_blocks == 2 || cluster_blocks == 4,
+                    cat("cluster_blocks must be 0 (chosen from the shape), 1, 2 or 4, got ", cluster_blocks));
   TORCH_CHECK_TYPE(is_16bit_float(x.scalar_type()), cat("x must be float16 or bfloat16, got ", x.scalar_type()));
   TORCH_CHECK_VALUE(x.dim() == 2, cat("x must be 2-D [M, K], got shape ", x.sizes()));
   TORCH_CHECK_VALUE(x.is_contiguous(), cat("x must be contiguous (row-major [M, K]), got strides ", x.strides()));
@@ -110,8 +112,8 @@ std::vector<int64_t> check_args(const at::Tensor& x, const at::Tensor& qweight, 
 
 at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                        const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
-                       int64_t group_size) {
-  const auto mnk = check_args(x, qweight, scales, zeros, bias, group_size);
+                       int64_t group_size, int64_t cluster_blocks) {
+  const auto mnk = check_args(x, qweight, scales, zeros, bias, group_size, cluster_blocks);
   const int64_t m = mnk[0], n = mnk[1], k = mnk[2];
   TORCH_CHECK_VALUE(x.is_cuda(), cat("x must be on a GPU, got ", x.device()));
   for (const at::Tensor* t : {&qweight, &scales}) {
@@ -147,8 +149,12 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
   args.k = static_cast<int>(k);
   args.group_size = static_cast<int>(group_size);
   args.bf16 = x.scalar_type() == at::kBFloat16;
+  args.cluster_blocks = static_cast<int>(cluster_blocks);
   const char* error = "";
   const auto status = w4a16::skinny_launch(args, c10::cuda::getCurrentCUDAStream().stream(), &error);
+  TORCH_CHECK_VALUE(status != w4a16::SkinnyStatus::no_clusters, cat("cluster_blocks=", cluster_blocks,
+                    " needs thread-block clusters of that size (NVIDIA sm_90 or later), which ", arch,
+                    " cannot run; pass 0 or 1"));
   TORCH_CHECK(status != w4a16::SkinnyStatus::unsupported, cat("skinny kernel: no instantiation for M=", m,
               ", group_size=", group_size));
   TORCH_CHECK(status == w4a16::SkinnyStatus::ok, cat("skinny kernel launch failed (M=", m, ", N=", n, ", K=", k,
@@ -158,8 +164,8 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
 
 at::Tensor skinny_gemm_meta(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                             const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
-                            int64_t group_size) {
-  const auto mnk = check_args(x, qweight, scales, zeros, bias, group_size);
+                            int64_t group_size, int64_t cluster_blocks) {
+  const auto mnk = check_args(x, qweight, scales, zeros, bias, group_size, cluster_blocks);
   return at::empty({mnk[0], mnk[1]}, x.options());
 }
 
@@ -180,7 +186,7 @@ std::vector<int64_t> skinny_device_limits(int64_t device) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(w4a16, m) {
-  m.def("skinny_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size) -> Tensor");
+  m.def("skinny_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, int cluster_blocks=0) -> Tensor");
   m.def("skinny_limits(int device) -> int[]", &skinny_limits);
   m.def("skinny_device_limits(int device) -> int[]", &skinny_device_limits);
 }

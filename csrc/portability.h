@@ -78,13 +78,18 @@ W4A16_HD constexpr ArchLimits arch_limits(ArchId id) {
 // The tensor-core kernel (skinny_mma.cuh, NVIDIA): kSplitKWarps warps split the k-steps of kSplitKTileRows
 // weight rows and add their fp32 partials in shared memory, one [M][kSplitKPartialStride] slice per warp (the
 // stride's 4 floats of padding keep the fragment writes free of bank conflicts).
+// When the blocks of a thread-block cluster split the k-steps too, each block keeps its sums of up to
+// kClusterRoundSlots rounds, [slots][rows][kSplitKTileRows] fp32, until the cluster adds them up.
 constexpr int kSplitKWarps = 12;  // with skinny_mma.cuh's kPipelineDepth: the measured best (csrc/PERF.md)
 constexpr int kSplitKTileRows = 32;
 constexpr int kSplitKPartialStride = kSplitKTileRows + 4;
-W4A16_HD constexpr int split_k_partial_bytes(int rows) { return kSplitKWarps * rows * kSplitKPartialStride * 4; }
+constexpr int kClusterRoundSlots = 4;
+W4A16_HD constexpr int split_k_partial_bytes(int rows) {
+  return kSplitKWarps * rows * kSplitKPartialStride * 4 + kClusterRoundSlots * rows * kSplitKTileRows * 4;
+}
 
-// Shared memory a block holds besides the staged activations, at the arch's max_rows: the split-K partials on
-// the architectures that may be NVIDIA (the AMD kernel, skinny_kernel.cuh, holds none).
+// Shared memory a block holds besides the staged activations, at the arch's max_rows: the split-K partials and
+// round sums on the architectures that may be NVIDIA (the AMD kernel, skinny_kernel.cuh, holds none).
 W4A16_HD constexpr int reserved_bytes(ArchId id) {
   return id == ArchId::sm_90 || id == ArchId::generic ? split_k_partial_bytes(arch_limits(id).max_rows) : 0;
 }

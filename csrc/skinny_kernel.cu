@@ -44,51 +44,166 @@ int multiprocessor_count() {
 }
 
 // Grid and shared memory of one launch. dot2 kernel: one block per SM / CU, waves own rows; tensor-core kernel:
-// one block per SM, and no more blocks than 16-row tiles.
+// one block per SM, in clusters of `cluster` blocks (cluster_size_for), and no more clusters than 16-row tiles.
 struct LaunchShape {
-  int threads, blocks, shared_bytes;
+  int threads, blocks, shared_bytes, cluster;
 };
-template <int M>
-LaunchShape launch_shape(const SkinnyArgs& a) {
+
 #if defined(W4A16_CUDA)
-  constexpr int threads = tensor_core::kThreads;
-  const int blocks = std::min(multiprocessor_count(), (a.n + 15) / 16);
-  return {threads, blocks, tensor_core::shared_bytes(M, a.k)};
+// A launch configuration in clusters of `cluster` blocks; a cluster of 1 carries no attribute, so it launches
+// exactly as without clusters. Not copyable: the configuration points at its own attribute.
+struct ClusterLaunch {
+  cudaLaunchAttribute attribute;
+  cudaLaunchConfig_t config;
+  ClusterLaunch(int blocks, int cluster, int threads, int shared_bytes, cudaStream_t stream) : config{} {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = cluster > 1 ? 1 : 0;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+};
+
+// How many clusters of `size` blocks the device runs at once. A cluster's blocks share a GPC, so this is below
+// SMs / size where the size does not divide a GPC's SM count. The kernel holds one block per SM whatever its
+// shared memory (its registers fill the SM), so the answer depends on the device and the size only. 0 before
+// sm_90, which has no clusters.
+int max_active_clusters(const void* kernel, int size, int threads, int shared_bytes) {
+  static int cached[64][5] = {};
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64 || size > 4) return 0;
+  if (!cached[device][size]) {
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    const ClusterLaunch launch(size, size, threads, shared_bytes, nullptr);
+    int count = 0;
+    if (major < 9 || cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config) != cudaSuccess) {
+      cudaGetLastError();  // clear it: the launcher then falls back to single blocks
+      count = 0;
+    }
+    cached[device][size] = count > 0 ? count : -1;
+  }
+  return std::max(cached[device][size], 0);
+}
+
+// Blocks per cluster for a shape, when the caller leaves it open. Measured on the H200 (csrc/PERF.md), not modelled:
+// - A lone block stages all of x (M * K * 2 bytes from L2) before its warps start; past M * K = 20480 (40 KB)
+//   that costs more than a cluster's overheads, and splitting K over the cluster splits the staging too
+//   (Llama-3.1-8B down at M = 5: 20.8 -> 18.6 µs; Qwen3-4B down: 14.9 -> 11.9). At M * K = 20480 clusters won
+//   or lost up to 5% by layer; below it they were as fast or slower, even on the layers whose 160 row tiles
+//   leave some SMs twice the bytes of others.
+// - Clusters that walk many rounds lose (Llama gate_up, 14 rounds at 2 blocks: 26.8 -> 35.4 µs): so the largest
+//   size whose clusters walk at most kClusterMaxRounds rounds.
+constexpr long long kClusterMinStaged = 20480;
+constexpr int kClusterMaxRounds = 3;
+static_assert(kClusterMaxRounds <= kClusterRoundSlots, "one cluster reduction at the end of the walk");
+int cluster_size_for(int m, int n, int k, const int (&clusters)[3]) {
+  if ((long long)m * k <= kClusterMinStaged) return 1;
+  const int tiles = (n + 15) / 16;
+  for (const int i : {2, 1}) {  // clusters of 4, then 2 blocks
+    if (clusters[i] <= 0) continue;
+    const int cluster_rows = (tiles + clusters[i] - 1) / clusters[i] * 16;
+    if ((cluster_rows + kSplitKTileRows - 1) / kSplitKTileRows <= kClusterMaxRounds) return 1 << i;
+  }
+  return 1;
+}
+#endif
+
+// Dynamic shared memory of one launch.
+template <int M>
+int launch_shared_bytes(const SkinnyArgs& a) {
+#if defined(W4A16_CUDA)
+  return tensor_core::shared_bytes(M, a.k);
 #else
-  constexpr int threads = block_threads<M>();
-  const int waves_per_block = threads / kWaveSize;
-  const int blocks = std::min(multiprocessor_count(), std::max(1, (a.n + waves_per_block - 1) / waves_per_block));
-  return {threads, blocks, staging_bytes(M * a.k)};
+  return staging_bytes(M * a.k);
 #endif
 }
 
-template <typename Tag, int G, bool kSymmetric, int M>
-SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** error) {
+// blocks == 0: the requested cluster size cannot run on this device.
+template <int M>
+LaunchShape launch_shape(const SkinnyArgs& a, const void* kernel) {
+  const int shared = launch_shared_bytes<M>(a);
 #if defined(W4A16_CUDA)
-  auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M>;
+  constexpr int threads = tensor_core::kThreads;
+  const int tiles = (a.n + 15) / 16;
+  // clusters[i]: how many clusters of 1, 2, 4 blocks can run at once (0: not on this device).
+  const int clusters[3] = {multiprocessor_count(), max_active_clusters(kernel, 2, threads, shared),
+                           max_active_clusters(kernel, 4, threads, shared)};
+  const int size = a.cluster_blocks ? a.cluster_blocks : cluster_size_for(M, a.n, a.k, clusters);
+  const int index = size == 1 ? 0 : size == 2 ? 1 : size == 4 ? 2 : -1;
+  if (index < 0 || clusters[index] <= 0) return {threads, 0, shared, size};
+  return {threads, std::min(clusters[index], tiles) * size, shared, size};
 #else
-  auto kernel = skinny_gemm_kernel<Tag, G, kSymmetric, M>;
+  (void)kernel;
+  constexpr int threads = block_threads<M>();
+  if (a.cluster_blocks > 1) return {threads, 0, shared, a.cluster_blocks};
+  const int waves_per_block = threads / kWaveSize;
+  const int blocks = std::min(multiprocessor_count(), std::max(1, (a.n + waves_per_block - 1) / waves_per_block));
+  return {threads, blocks, shared, 1};
 #endif
-  const LaunchShape shape = launch_shape<M>(a);
-  // Opt in to more than 48 KB of dynamic shared memory up to what this launch needs; the binding has already
-  // checked M * K against the device's staging budget, whose bytes the hardware can hold (portability.h).
-  static int opted_in = 0;
-  if (shape.shared_bytes > opted_in) {
-    if (w4a16FuncSetAttribute(reinterpret_cast<const void*>(kernel), w4a16FuncAttrMaxDynamicShared,
-                              shape.shared_bytes) != w4a16Success) {
-      *error = w4a16GetErrorString(w4a16GetLastError());
-      return SkinnyStatus::launch_failed;
-    }
-    opted_in = shape.shared_bytes;
+}
+
+// Opts `kernel` in to `bytes` of dynamic shared memory (beyond the default 48 KB) once per size increase; the
+// binding has already checked M * K against the device's staging budget, whose bytes the hardware can hold
+// (portability.h).
+template <typename Kernel>
+bool allow_shared_bytes(Kernel kernel, int bytes, int& opted_in, const char** error) {
+  if (bytes <= opted_in) return true;
+  if (w4a16FuncSetAttribute(reinterpret_cast<const void*>(kernel), w4a16FuncAttrMaxDynamicShared, bytes) !=
+      w4a16Success) {
+    *error = w4a16GetErrorString(w4a16GetLastError());
+    return false;
   }
+  opted_in = bytes;
+  return true;
+}
+
+template <typename Kernel>
+SkinnyStatus launch_kernel(Kernel kernel, const LaunchShape& shape, const SkinnyArgs& a, gpuStream_t stream,
+                           const char** error) {
+#if defined(W4A16_CUDA)
+  const ClusterLaunch launch(shape.blocks, shape.cluster, shape.threads, shape.shared_bytes, stream);
+  cudaLaunchKernelEx(&launch.config, kernel, a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales, a.zeros,
+                     a.bias, a.out, a.n, a.k);
+#else
   kernel<<<shape.blocks, shape.threads, shape.shared_bytes, stream>>>(
       a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales, a.zeros, a.bias, a.out, a.n, a.k);
+#endif
   const gpuError_t status = w4a16GetLastError();
   if (status != w4a16Success) {
     *error = w4a16GetErrorString(status);
     return SkinnyStatus::launch_failed;
   }
   return SkinnyStatus::ok;
+}
+
+template <typename Tag, int G, bool kSymmetric, int M>
+SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** error) {
+  const int shared_bytes = launch_shared_bytes<M>(a);
+#if defined(W4A16_CUDA)
+  auto single = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
+  auto clustered = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, true>;
+  static int single_opted_in = 0, clustered_opted_in = 0;
+  if (!allow_shared_bytes(single, shared_bytes, single_opted_in, error) ||
+      !allow_shared_bytes(clustered, shared_bytes, clustered_opted_in, error))
+    return SkinnyStatus::launch_failed;
+  const LaunchShape shape = launch_shape<M>(a, reinterpret_cast<const void*>(clustered));
+  if (shape.blocks == 0) return SkinnyStatus::no_clusters;
+  return shape.cluster > 1 ? launch_kernel(clustered, shape, a, stream, error)
+                           : launch_kernel(single, shape, a, stream, error);
+#else
+  auto kernel = skinny_gemm_kernel<Tag, G, kSymmetric, M>;
+  static int opted_in = 0;
+  if (!allow_shared_bytes(kernel, shared_bytes, opted_in, error)) return SkinnyStatus::launch_failed;
+  const LaunchShape shape = launch_shape<M>(a, nullptr);
+  if (shape.blocks == 0) return SkinnyStatus::no_clusters;
+  return launch_kernel(kernel, shape, a, stream, error);
+#endif
 }
 
 template <typename Tag, int G, bool kSymmetric>

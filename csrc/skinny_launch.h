@@ -16,9 +16,12 @@ struct SkinnyArgs {
   uint16_t* out;            // [M, N], the activation dtype
   int m, n, k, group_size;
   bool bf16;                // activation dtype: bf16 (true) or fp16 (false)
+  // Blocks of one thread-block cluster that split the k-steps of a row range (NVIDIA sm_90 and later): 1, 2 or 4,
+  // or 0 to pick from the shape (skinny_kernel.cu, cluster_size_for). Elsewhere only 0 and 1 are valid.
+  int cluster_blocks;
 };
 
-enum class SkinnyStatus : int { ok = 0, unsupported = 1, launch_failed = 2 };
+enum class SkinnyStatus : int { ok = 0, unsupported = 1, launch_failed = 2, no_clusters = 3 };
 
 // Launches on `stream` (a cudaStream_t / hipStream_t). On launch_failed, `error` holds the runtime's message.
 SkinnyStatus skinny_launch(const SkinnyArgs& args, void* stream, const char** error);

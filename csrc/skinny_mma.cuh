@@ -21,16 +21,21 @@
 // second multiplies by s, rounded to the activation dtype once per weight (as torch on a dequantized weight, and
 // as the Triton path).
 //
-// Work split. A block of kWarps warps owns a balanced contiguous range of 16-row tiles; it walks the range kTileRows
-// rows at a time, and its warps split the k-steps of those rows (contiguous, balanced). Each warp keeps the weights
-// of its next kPipelineDepth - 1 (rows, k-step) units in flight while computing the current one, across row
-// boundaries, so the weight stream does not drain at the end of a round. The warps' partial sums meet in shared
-// memory; bias and the cast happen in that reduction.
+// Work split. A cluster of 1, 2 or 4 blocks (the launcher picks; skinny_kernel.cu) owns a balanced contiguous range
+// of 16-row tiles and walks it kSplitKTileRows rows (a round) at a time. Its blocks split the k-steps, and each
+// block's kWarps warps split the block's k-steps (contiguous, balanced). Each warp keeps the weights of its next
+// kPipelineDepth - 1 (rows, k-step) units in flight while computing the current one, across row boundaries, so
+// the weight stream does not drain at the end of a round. The warps' partial sums meet in shared memory, the
+// blocks' sums in distributed shared memory; bias and the cast happen in that reduction. Clusters pay off where
+// x is large (M * K): each block stages only the part of x its k-steps read (csrc/PERF.md).
 //
 // Shared memory (dynamic, shared_bytes below): xs [M][K] 16-bit (pieces rotated, xs_piece), the sums of x per k-step
-// sx [steps][M rounded up to even] fp32, then the split-K partials [kWarps][M][kSplitKPartialStride] fp32. Each warp
-// stages (and alone reads) the k-steps of xs and sx that it owns.
+// sx [steps][M rounded up to even] fp32, the split-K partials [kWarps][M][kSplitKPartialStride] fp32, then the
+// block's round sums [kClusterRoundSlots][M][kSplitKTileRows] fp32 (clusters only). Each warp stages (and alone
+// reads) the k-steps of xs and sx that it owns.
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include "skinny_common.cuh"
 
@@ -195,12 +200,49 @@ __device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit&
   }
 }
 
-// The end of a round of rows r0 .. r0 + kSplitKTileRows: every warp's partial sums meet in shared memory, the
-// block's threads add them up, one output each, in a fixed order (deterministic), add the bias and store. Every
-// warp of the block calls this once per round, in the same order (it holds the block's barriers).
-template <typename Tag, int M>
-__device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* partials, int r0, int row_end,
-                                             const uint16_t* __restrict__ bias, uint16_t* __restrict__ out, int n) {
+// Thread-block clusters (sm_90): the blocks of a cluster own the same rows and split their k-steps; their partial
+// sums meet through distributed shared memory. Without clusters (older GPUs, or a launch without the attribute)
+// a cluster is one block.
+struct Cluster {
+  int rank, size;
+};
+__device__ __forceinline__ Cluster this_cluster() {
+#if __CUDA_ARCH__ >= 900
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  return {int(cluster.block_rank()), int(cluster.num_blocks())};
+#else
+  return {0, 1};
+#endif
+}
+// Barrier over every thread of the cluster; its release/acquire makes shared-memory writes visible to the peers.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __syncthreads();
+#endif
+}
+// The same shared-memory address in block `rank` of the cluster.
+__device__ __forceinline__ const float* cluster_peer(float* p, int rank) {
+#if __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  return p;
+#endif
+}
+
+// The end of round `round` (rows row_begin + round * kSplitKTileRows onwards): every warp's partial sums meet in
+// shared memory and the block's threads add them up, one output each, in a fixed order (deterministic). A block
+// on its own then adds the bias and stores. In a cluster, the block keeps its sums in a round slot; when the slots
+// are full or the last round is done, the cluster adds up every block's sums in rank order, each block finishing
+// its share of the outputs. Cluster barriers come only then: their release semantics order the weight loads in
+// flight too, and a barrier at every round end doubled Llama gate_up's time (csrc/PERF.md). Every warp of the
+// cluster calls this once per round, in the same order (it holds the barriers).
+template <typename Tag, int M, bool kClustered>
+__device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* partials, float* round_sums,
+                                             int round, int rounds, int row_begin, int row_end,
+                                             const uint16_t* __restrict__ bias, uint16_t* __restrict__ out, int n,
+                                             Cluster cluster) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane >> 2, t = lane & 3;
   // C fragment: acc[s][0..1] = rows s*16 + g, columns 2t, 2t+1; acc[s][2..3] = row + 8. Columns are x rows.
@@ -214,20 +256,48 @@ __device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* 
       acc[s][e] = 0.f;
     }
   __syncthreads();
-  for (int i = threadIdx.x; i < M * kSplitKTileRows; i += kThreads) {
-    const int m = i / kSplitKTileRows, row = i % kSplitKTileRows;
+  // Output i of a round is x row i / kSplitKTileRows, weight row i % kSplitKTileRows of the round.
+  constexpr int kOutputs = M * kSplitKTileRows;
+  auto store = [&](int r0, int i, float total) {
+    const int m = i / kSplitKTileRows, row = r0 + i % kSplitKTileRows;
+    if (row < row_end) {
+      const float b = bias ? to_float(bias[row], Tag{}) : 0.f;
+      out[(size_t)m * n + row] = from_float(total + b, Tag{});
+    }
+  };
+  auto warps_total = [&](int i) {
     float total = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += partials[(w * M + m) * kSplitKPartialStride + row];
-    if (r0 + row < row_end) {
-      const float b = bias ? to_float(bias[r0 + row], Tag{}) : 0.f;
-      out[(size_t)m * n + r0 + row] = from_float(total + b, Tag{});
-    }
+    for (int w = 0; w < kWarps; ++w)
+      total += partials[(w * M + i / kSplitKTileRows) * kSplitKPartialStride + i % kSplitKTileRows];
+    return total;
+  };
+  const int r0 = row_begin + round * kSplitKTileRows;
+  if constexpr (!kClustered) {
+    for (int i = threadIdx.x; i < kOutputs; i += kThreads) store(r0, i, warps_total(i));
+    __syncthreads();  // the partials are rewritten by the next round
+    return;
   }
-  __syncthreads();  // the partials are rewritten by the next round
+  const int slot = round % kClusterRoundSlots;
+  for (int i = threadIdx.x; i < kOutputs; i += kThreads) round_sums[slot * kOutputs + i] = warps_total(i);
+  if (slot + 1 < kClusterRoundSlots && round + 1 < rounds) {
+    __syncthreads();  // the partials are rewritten by the next round
+    return;
+  }
+  cluster_sync();
+  const int held = (slot + 1) * kOutputs;  // the rounds round - slot .. round
+  for (int i = cluster.rank * held / cluster.size + threadIdx.x; i < (cluster.rank + 1) * held / cluster.size;
+       i += kThreads) {
+    float total = 0.f;
+    for (int q = 0; q < cluster.size; ++q) total += cluster_peer(round_sums, q)[i];
+    store(r0 - (slot - i / kOutputs) * kSplitKTileRows, i % kOutputs, total);
+  }
+  cluster_sync();  // the peers' round sums and this block's partials are rewritten next; the reads come first
 }
 
-template <typename Tag, int G, bool kSymmetric, int M>
+// kClustered: launched in clusters of more than one block. The single-block kernel is a separate instantiation
+// with none of the cluster code, so it keeps its registers and schedule.
+template <typename Tag, int G, bool kSymmetric, int M, bool kClustered>
 __global__ void __launch_bounds__(kThreads, 1)
     skinny_gemm_kernel(const uint16_t* __restrict__ x, const Words4* __restrict__ qweight,
                        const uint16_t* __restrict__ scales, const uint8_t* __restrict__ zeros,
@@ -242,12 +312,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   Words4* xs = smem;                                                   // [M][chunks * 4] pieces
   float* sx = reinterpret_cast<float*>(smem + M * chunks * 4);         // [steps][kSumColumns]
   float* partials = sx + steps * kSumColumns;                          // [kWarps][M][kSplitKPartialStride]
+  float* round_sums = partials + kWarps * M * kSplitKPartialStride;     // [kClusterRoundSlots][M][kSplitKTileRows]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // A cluster owns a balanced contiguous range of 16-row tiles; its blocks split the k-steps, their warps split
+  // the block's k-steps (1-D grid: a cluster's blocks are consecutive).
+  const Cluster cluster = kClustered ? this_cluster() : Cluster{0, 1};
+  const int clusters = gridDim.x / cluster.size, cluster_id = blockIdx.x / cluster.size;
   const int tiles = (n + 15) / 16;
-  const int row_begin = (int)((long long)blockIdx.x * tiles / gridDim.x) * 16;
-  const int row_end = min(n, (int)((long long)(blockIdx.x + 1) * tiles / gridDim.x) * 16);
-  const int step_begin = warp * steps / kWarps, my_steps = (warp + 1) * steps / kWarps - step_begin;
+  const int row_begin = (int)((long long)cluster_id * tiles / clusters) * 16;
+  const int row_end = min(n, (int)((long long)(cluster_id + 1) * tiles / clusters) * 16);
+  const int block_step_begin = cluster.rank * steps / cluster.size;
+  const int block_steps = (cluster.rank + 1) * steps / cluster.size - block_step_begin;
+  const int step_begin = block_step_begin + warp * block_steps / kWarps;
+  const int my_steps = block_step_begin + (warp + 1) * block_steps / kWarps - step_begin;
   const int rounds = (row_end - row_begin + kSplitKTileRows - 1) / kSplitKTileRows;
 
   // A warp's work is one stream of units, round-major: (round 0, its first k-step), (round 0, next), ... The
@@ -306,7 +384,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int e = 0; e < 4; ++e) acc[s][e] = 0.f;
   if (units == 0) {  // more warps than k-steps: this one only takes part in the reductions
     for (int round = 0; round < rounds; ++round)
-      finish_round<Tag, M>(acc, partials, row_begin + round * kSplitKTileRows, row_end, bias, out, n);
+      finish_round<Tag, M, kClustered>(acc, partials, round_sums, round, rounds, row_begin, row_end, bias, out, n,
+                                       cluster);
     return;
   }
   // Unit i sits in ring[i % kPipelineDepth]: unrolling by the depth makes every index static. Before computing
@@ -319,7 +398,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         load_next(ring[(d + kPipelineDepth - 1) % kPipelineDepth]);
         mma_unit<Tag, G, M>(acc, ring[d], xs, sx, step_begin + j, chunks, lane);
         if (++j == my_steps) {
-          finish_round<Tag, M>(acc, partials, row_begin + round * kSplitKTileRows, row_end, bias, out, n);
+          finish_round<Tag, M, kClustered>(acc, partials, round_sums, round, rounds, row_begin, row_end, bias, out,
+                                           n, cluster);
           j = 0;
           ++round;
         }

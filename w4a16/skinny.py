@@ -93,8 +93,12 @@ def device_limits(device: torch.device | None = None) -> tuple[int, int]:
     return limits(device_arch(device))
 
 
-def skinny_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def skinny_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, *,
+                cluster_blocks: int = 0) -> torch.Tensor:
     """y[M, N] = x2d[M, K] @ dequant(qw)^T (+ bias) with the skinny kernel; M in 1..max_rows, M * K within staging.
+
+    cluster_blocks: how many blocks (one thread-block cluster, NVIDIA sm_90+) split the K of each row range: 1, 2
+    or 4, or 0 to choose from the shape (the default; tests and benchmarks pin it).
 
     Raises RuntimeError (with the reason and how to build) when the kernel is unavailable, and ValueError /
     TypeError for arguments it does not take.
@@ -105,4 +109,4 @@ def skinny_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
     reason = unavailable_reason(x2d.device, x2d.dtype)
     if reason:
         raise RuntimeError(f"skinny kernel unavailable: {reason}")
-    return torch.ops.w4a16.skinny_gemm(x2d, qw.qweight, qw.scales, qw.zeros, bias, qw.group_size)
+    return torch.ops.w4a16.skinny_gemm(x2d, qw.qweight, qw.scales, qw.zeros, bias, qw.group_size, cluster_blocks)

@@ -23,7 +23,10 @@ def main() -> int:
         return 1
     gen = torch.Generator(device="cuda").manual_seed(7)
     cases = list(itertools.product((torch.float16, torch.bfloat16), ("uint4b8", "uint4"), (32, 128), (1, 3, 5)))
-    for dtype, fmt, g, m in cases:
+    # Every cluster size in turn where the device has clusters (0: the shape's own choice).
+    clusters = (0, 1, 2, 4) if torch.version.cuda and torch.cuda.get_device_capability() >= (9, 0) else (0,)
+    for i, (dtype, fmt, g, m) in enumerate(cases):
+        cluster_blocks = clusters[i % len(clusters)]
         n, k = (257, 1024) if m != 5 else (33, 4096)
         q = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.int32)
         scales = (torch.rand(n, k // g, device="cuda", generator=gen) * 0.02 + 0.002).to(dtype)
@@ -32,10 +35,10 @@ def main() -> int:
         qw = w4a16.QuantizedWeight(w4a16.pack_int4(q), scales, zeros, g)
         x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
         bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if m == 3 else None
-        out = skinny.skinny_gemm(x, qw, bias)
+        out = skinny.skinny_gemm(x, qw, bias, cluster_blocks=cluster_blocks)
         torch.cuda.synchronize()
         assert_matches_reference(out, x, qw, bias)
-        print(f"ok {dtype} {fmt} G={g} M={m} N={n} K={k} bias={bias is not None}")
+        print(f"ok {dtype} {fmt} G={g} M={m} N={n} K={k} bias={bias is not None} cluster_blocks={cluster_blocks}")
     # The staging limit itself: M * K exactly at the budget.
     _, elements = skinny.device_limits()
     k = elements // 4

@@ -15,7 +15,7 @@ from w4a16 import skinny, skinny_build
 from w4a16.skinny_build import CSRC, ToolMissing
 
 HERE = Path(__file__).parent
-# 2 dtypes x 3 group sizes x {sym, asym} x M = 1..5
+# 2 dtypes x 3 group sizes x {sym, asym} x M = 1..5; on NVIDIA each also has a thread-block-cluster twin
 INSTANTIATIONS = 2 * 3 * 2 * 5
 
 
@@ -50,7 +50,7 @@ def compiled(tmp_path_factory) -> dict:
 def test_compiles_without_spills(compiled, arch):
     require_tool(compiled[arch] is not None, _tool_reason(arch) or f"compiler for {arch}")
     stats = compiled[arch]
-    assert stats["kernels"] == INSTANTIATIONS
+    assert stats["kernels"] == INSTANTIATIONS * (2 if arch == "sm_90" else 1)
     assert stats["spills"] == 0, skinny_build.format_summary(stats)
     assert stats["scratch_bytes"] == 0, skinny_build.format_summary(stats)
     # Activations live in dynamic shared memory sized by the host from the table; nothing static on top.

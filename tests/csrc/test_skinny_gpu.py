@@ -64,10 +64,10 @@ def _shared_weight(n, k, group_size, fmt, dtype, seed):
     return gpu_weight(n, k, group_size, fmt, dtype, torch.Generator(device="cuda").manual_seed(seed))
 
 
-def run(x, qw, bias=None):
+def run(x, qw, bias=None, cluster_blocks=0):
     """The kernel's output, with torch's allocator primed with NaN so that an unwritten element fails."""
     torch.empty(x.shape[0], qw.n, dtype=x.dtype, device="cuda").fill_(float("nan"))
-    out = skinny.skinny_gemm(x, qw, bias)
+    out = skinny.skinny_gemm(x, qw, bias, cluster_blocks=cluster_blocks)
     torch.cuda.synchronize()
     return out
 
@@ -116,6 +116,39 @@ def test_odd_shapes_all_rows_bias(n, k, group_size, dtype, generator):
         assert_matches_reference(run(x, qw, bias), x, qw, bias)
 
 
+def clusters_available() -> bool:
+    return torch.version.cuda is not None and torch.cuda.get_device_capability() >= (9, 0)
+
+
+# Every cluster size, whatever the shape would pick: one row tile (all blocks of one cluster), fewer k-steps than
+# blocks (blocks with no work), chunk remainders, many rounds per cluster, and the model layers that pick 2 or 4.
+CLUSTER_SHAPES = [(1, 4128, 32), (7, 32, 32), (33, 640, 64), (257, 4224, 128), (1000, 1056, 32), (4099, 4096, 128),
+                  (28672, 4096, 128), (2560, 4096, 64), (2560, 9728, 128)]
+
+
+@pytest.mark.parametrize("n,k,group_size", CLUSTER_SHAPES, ids=str)
+@pytest.mark.parametrize("cluster_blocks", (1, 2, 4))
+def test_cluster_sizes(cluster_blocks, n, k, group_size, generator):
+    if cluster_blocks > 1 and not clusters_available():
+        pytest.skip("thread-block clusters need NVIDIA sm_90 or later")
+    gen = _seeded(generator)
+    for fmt, dtype in itertools.product(FORMATS, DTYPES):
+        qw = gpu_weight(n, k, group_size, fmt, dtype, gen)
+        for m in ROWS:
+            x = x_for(m, k, dtype, gen)
+            bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if m % 2 else None
+            assert_matches_reference(run(x, qw, bias, cluster_blocks), x, qw, bias)
+
+
+def test_cluster_sizes_a_device_cannot_run(generator):
+    if clusters_available():
+        pytest.skip("this device runs every cluster size")
+    gen = _seeded(generator)
+    qw = gpu_weight(64, 256, 64, "uint4", torch.float16, gen)
+    with pytest.raises(ValueError, match="cluster_blocks=2 needs thread-block clusters"):
+        skinny.skinny_gemm(x_for(2, 256, torch.float16, gen), qw, cluster_blocks=2)
+
+
 def test_large_activations_and_scales(generator):
     # x far from N(0, 1) and scales spanning magnitudes: the raw-dot offset correction must hold up.
     gen = _seeded(generator)
@@ -152,11 +185,11 @@ def test_host_checks(generator):
     qw = gpu_weight(64, 256, 64, "uint4", torch.float16, gen)
     x = x_for(2, 256, torch.float16, gen)
     op = torch.ops.w4a16.skinny_gemm
-    args = dict(x=x, qweight=qw.qweight, scales=qw.scales, zeros=qw.zeros, bias=None, group_size=64)
+    args = dict(x=x, qweight=qw.qweight, scales=qw.scales, zeros=qw.zeros, bias=None, group_size=64, cluster_blocks=0)
 
     def call(**changes):
         a = {**args, **changes}
-        return op(a["x"], a["qweight"], a["scales"], a["zeros"], a["bias"], a["group_size"])
+        return op(a["x"], a["qweight"], a["scales"], a["zeros"], a["bias"], a["group_size"], a["cluster_blocks"])
 
     call()  # the baseline is valid
     cases = [
@@ -168,7 +201,9 @@ def test_host_checks(generator):
         (ValueError, "K=40 must be a positive multiple of 16", dict(x=x_for(2, 40, torch.float16, gen),
                                                                    qweight=qw.qweight[:, :5].contiguous())),
         (ValueError, "group_size must be one of", dict(group_size=16)),
-        (ValueError, "K=256 must be a multiple of group_size=128", dict(group_size=128) | {}),
+        (ValueError, r"cluster_blocks must be 0 \(chosen from the shape\), 1, 2 or 4, got 3", dict(cluster_blocks=3)),
+        (ValueError, "K=192 must be a multiple of group_size=128",
+         dict(x=x_for(2, 192, torch.float16, gen), qweight=qw.qweight[:, :24].contiguous(), group_size=128)),
         (TypeError, "scales must have the activation dtype", dict(scales=qw.scales.bfloat16())),
         (ValueError, r"scales must have shape \[N, K // G\] = \[64, 4\]", dict(scales=qw.scales[:, :3].contiguous())),
         (ValueError, "scales must be contiguous", dict(scales=qw.scales.t().contiguous().t())),
@@ -183,9 +218,6 @@ def test_host_checks(generator):
                                           zeros=qw.zeros.cpu())),
         (ValueError, "all operands must be on x's device", dict(scales=qw.scales.cpu())),
     ]
-    # K=256 with G=128 is valid shape-wise for K % G; make that case genuinely bad: K=192, G=128.
-    cases[7] = (ValueError, "K=192 must be a multiple of group_size=128",
-                dict(x=x_for(2, 192, torch.float16, gen), qweight=qw.qweight[:, :24].contiguous(), group_size=128))
     for error, message, changes in cases:
         with pytest.raises(error, match=message):
             call(**changes)

@@ -15,8 +15,8 @@ def test_limits_from_the_header_table():
     for name, (rows, elements, hw_bytes) in table.items():
         assert rows >= 1 and elements % 32 == 0
         # staging_bytes() of portability.h, plus the tensor-core kernel's split-K partials where it may run:
-        # kSplitKWarps (12) x rows x kSplitKPartialStride (36) floats
-        reserved = 12 * 36 * 4 * rows if name in ("sm_90", "generic") else 0
+        # kSplitKWarps (12) x rows x kSplitKPartialStride (36) floats, and kClusterRoundSlots (4) x rows x 32
+        reserved = (12 * 36 + 4 * 32) * 4 * rows if name in ("sm_90", "generic") else 0
         assert 2 * elements + elements // 32 * 4 + reserved <= hw_bytes
     assert skinny.limits("gfx1151:sramecc-:xnack-") == skinny.limits("gfx1151")
     assert skinny.limits("sm_90a") == skinny.limits("sm_90")
