@@ -39,9 +39,9 @@ def main() -> int:
         torch.cuda.synchronize()
         assert_matches_reference(out, x, qw, bias)
         print(f"ok {dtype} {fmt} G={g} M={m} N={n} K={k} bias={bias is not None} cluster_blocks={cluster_blocks}")
-    # The staging limit itself: M * K exactly at the budget.
+    # The staging limit itself: M * K at the budget (rounded down to whole 32-element chunks).
     _, elements = skinny.device_limits()
-    k = elements // 4
+    k = elements // 4 // 32 * 32  # whole chunks of the G = 32 weight below
     qw = w4a16.QuantizedWeight(w4a16.pack_int4(torch.randint(0, 16, (8, k), device="cuda", dtype=torch.int32)),
                                torch.full((8, k // 32), 0.01, device="cuda", dtype=torch.bfloat16), None, 32)
     x = torch.randn(4, k, device="cuda").bfloat16()
