@@ -66,6 +66,21 @@ def test_tiles(shape, config, group_size, symmetric, dtype, generator):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_k_with_an_empty_split(dtype, generator):
+    """K = 128 in BLOCK_K = 32 tiles over 3 splits is 2 + 2 + 0 tiles: the empty split must still write its slice
+    of the split-K workspace, which is not initialised (the allocator is primed with NaN of that size first)."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k = 5, 48, 128
+    qw = random_weight(n, k, 32, False, dtype, DEVICE, generator)
+    x = random_activation(m, k, dtype, DEVICE, generator)
+    bias = _bias(n, dtype, generator)
+    torch.full((3, m, n), float("nan"), dtype=torch.float32, device=DEVICE)  # freed at once, its memory reused
+    out = launch_gemm(x, qw, bias, TileConfig(16, 32, 32, 4, 1, 3, True), out=_poisoned(m, n, dtype))
+    assert_matches_reference(out, x, qw, bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("group_size", "symmetric"), [(32, False), (64, True), (128, False)])
 def test_dequant_blas(group_size, symmetric, dtype, generator):
     from w4a16.triton.dequant_blas import dequantize_into

@@ -69,7 +69,7 @@ def compile_config(arch: str, config: TileConfig, dtype: str = "fp16", group_siz
     signature = {
         "x_ptr": f"*{dtype}", "qw_ptr": "*i32", "scales_ptr": f"*{dtype}", "zeros_ptr": "*u8",
         "bias_ptr": f"*{dtype}", "out_ptr": "*fp32" if config.split_k > 1 else f"*{dtype}",
-        "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32",
+        "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "split_stride": "i32",
         **{name: "constexpr" for name in _CONSTEXPRS},
     }
     constexprs = {

@@ -41,7 +41,7 @@ class TileConfig:
 
     w_left: compute the transposed product out^T = W x^T (the dequantized weight is the left `tl.dot` operand,
     which lets Hopper's wgmma read it from registers; see gemm_kernel.py). split_k: programs along K whose fp32
-    partial sums are added atomically (for small M, where M x N alone gives too few programs)."""
+    partial sums a second kernel adds in split order (for small M, where M x N alone gives too few programs)."""
 
     block_m: int
     block_n: int

@@ -19,9 +19,10 @@ Two orientations (TileConfig.w_left):
   operand from registers, so the dequantized weight goes register -> tensor core, and the small token count M becomes
   the MMA's N dimension (8..256), which suits M = 16..128.
 
-split_k > 1 splits the K loop over grid axis 1; partial sums go into an fp32 [M, N] buffer with atomic adds (bias
-by split 0), which the launcher casts to x's dtype. Programs are ordered in groups of GROUP_M tiles along M so the
-weight tiles they share stay in L2.
+split_k > 1 splits the K loop over grid axis 1: each split stores its fp32 partial sums in its own [M, N] slice of a
+workspace, and reduce_splits_kernel adds the slices in split order (deterministic, unlike atomic adds), adds the
+bias and casts to x's dtype. Programs are ordered in groups of GROUP_M tiles along M so the weight tiles they share
+stay in L2.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ GROUP_M = 8
 @triton.jit
 def w4a16_gemm_kernel(
     x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,  # shapes and dtypes: see the module docstring
-    M, N, K, stride_xm, stride_om,
+    M, N, K, stride_xm, stride_om, split_stride,
     GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, W_LEFT: tl.constexpr, PTX_DEQUANT: tl.constexpr,
@@ -107,14 +108,26 @@ def w4a16_gemm_kernel(
     else:
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
         out_mask = mask_m[:, None] & mask_n[None, :]
-    if HAS_BIAS:
+    if HAS_BIAS and SPLIT_K == 1:  # with split-K the reduction adds it
         bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        bias = tl.where(pid_k == 0, bias, 0.0)  # split-K: only the first split adds it
         acc += bias[:, None] if W_LEFT else bias[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
+    # Split-K: out_ptr is the fp32 workspace, one [M, N] slice (split_stride elements) per split.
+    tl.store(out_ptrs + pid_k * split_stride, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def reduce_splits_kernel(ws_ptr, bias_ptr, out_ptr, M, N, stride_om, split_stride,
+                         SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[M, N] = sum over s of ws[s] (fp32, [SPLIT_K, M, N], in split order) + bias, in out's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    total = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        total += tl.load(ws_ptr + s * split_stride + offs, mask=mask, other=0.0)
+    col = offs % N
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + col, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (offs // N) * stride_om + col, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @functools.cache
@@ -137,18 +150,24 @@ def launch_gemm(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileCo
     if out is None:
         out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     split_k = max(1, min(config.split_k, k // config.block_k))
-    # Split-K adds fp32 partial sums atomically, so it needs a zeroed fp32 buffer.
-    target = out if split_k == 1 else torch.zeros((m, n), dtype=torch.float32, device=x2d.device)
+    # Split-K: every split writes its whole [M, N] slice (zeros where its K range is empty), so the workspace
+    # needs no initialisation. It holds split_k * M * N fp32 for the duration of the call.
+    target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
+    bias_or_any = bias if bias is not None else qw.scales  # never read when HAS_BIAS is false
     w4a16_gemm_kernel[grid](
-        x2d, qw.qweight, qw.scales, zeros, bias if bias is not None else qw.scales, target,
-        m, n, k, x2d.stride(0), target.stride(0),
+        x2d, qw.qweight, qw.scales, zeros, bias_or_any, target,
+        m, n, k, x2d.stride(0), target.stride(-2), m * n,
         GROUP_SIZE=qw.group_size, HAS_ZEROS=qw.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=split_k, GROUP_M=GROUP_M, W_LEFT=config.w_left, PTX_DEQUANT=ptx_dequant,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split_k > 1:
-        out.copy_(target)
+        block = 1024
+        reduce_splits_kernel[(triton.cdiv(m * n, block),)](
+            target, bias_or_any, out, m, n, out.stride(0), m * n,
+            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
     return out
