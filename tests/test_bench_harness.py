@@ -49,6 +49,14 @@ def test_calls_per_replay():
     assert metrics.calls_per_replay(copies=600, seconds_per_call=1e-7, target_seconds=2e-3, max_calls=500) == 600
 
 
+def test_settle_replays():
+    # 2 ms replays run 125 times to settle for 0.25 s; long replays still get the minimum
+    assert metrics.settle_replays(2e-3, 0.25, minimum=2) == 125
+    assert metrics.settle_replays(0.3, 0.25, minimum=2) == 2
+    assert metrics.settle_replays(2e-3, 0.0, minimum=2) == 2
+    assert metrics.settle_replays(0.0, 0.25, minimum=3) == 3  # an unmeasurably short first replay
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_int4_bytes_match_the_layout(generator, symmetric, group_size):

@@ -99,11 +99,9 @@ def test_gemm(benchmark, request, gpu_info, case):
     _check_output(case, out, x, prepared.weight)
     del out
 
-    fn = lambda i: prepared.call(x, i)
-    estimate = timing.time_eager(fn, prepared.copies, min(prepared.copies, 8))
-    calls = metrics.calls_per_replay(prepared.copies, estimate, TARGET_REPLAY_SECONDS, MAX_CALLS)
-    graph = timing.capture(fn, prepared.copies, calls)
-    timer = timing.GraphTimer(graph, calls)
+    graph, calls = timing.sized_graph(lambda i: prepared.call(x, i), prepared.copies, TARGET_REPLAY_SECONDS,
+                                      MAX_CALLS)
+    timer = timing.GraphTimer(graph, calls, settle_seconds=timing.SETTLE_SECONDS)
     benchmark.group = f"{case.model} {case.layer} M={case.m} {case.dtype} g{case.group_size}"
     benchmark.pedantic(timer.round, rounds=ROUNDS, iterations=1)
     seconds = timer.median()

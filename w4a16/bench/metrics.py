@@ -71,6 +71,14 @@ def rotation_copies(bytes_per_copy: int, l2_bytes: int | None, factor: int = ROT
     return max(1, min(max_copies, math.ceil(factor * l2 / bytes_per_copy)))
 
 
+def settle_replays(first_replay_seconds: float, settle_seconds: float, minimum: int) -> int:
+    """Warm-up replays of a graph whose first replay took first_replay_seconds: at least `minimum`, and enough
+    to run for settle_seconds."""
+    if first_replay_seconds <= 0:
+        return minimum
+    return max(minimum, math.ceil(settle_seconds / first_replay_seconds))
+
+
 def calls_per_replay(copies: int, seconds_per_call: float, target_seconds: float, max_calls: int) -> int:
     """Calls in one graph: every copy at least once, enough for the replay to last about target_seconds."""
     wanted = math.ceil(target_seconds / seconds_per_call) if seconds_per_call > 0 else max_calls

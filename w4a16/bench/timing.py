@@ -17,9 +17,16 @@ from collections.abc import Callable
 
 import torch
 
+from . import metrics
+
 # Spin before each bracketed replay: about 0.1 ms at 2 GHz, several times a graph launch's host latency.
 LEAD_SPIN_CYCLES = 200_000
 WARMUP_REPLAYS = 2
+# How long the bench replays a case before timing it. After a heavy case (a large prefill GEMM), an H200 runs at
+# its power cap (measured: 1515-1530 MHz, "SW power cap") and a decode case timed next read 5-13% slow for about
+# 0.15 s, until the clock came back to 1980 MHz. The settle time makes a case's figure independent of the case
+# before it, so peers timed at different points of the run compare fairly.
+SETTLE_SECONDS = 0.25
 
 
 class DeviceClock:
@@ -56,18 +63,6 @@ def _spin() -> None:
         sleep(LEAD_SPIN_CYCLES)
 
 
-def time_eager(fn: Callable[[int], object], copies: int, calls: int) -> float:
-    """Seconds per call of `fn(i)` run eagerly over the copies (a first estimate that sizes the graph)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    _spin()
-    start.record()
-    for i in range(calls):
-        fn(i % copies)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / calls
-
-
 def capture(fn: Callable[[int], object], copies: int, calls: int) -> torch.cuda.CUDAGraph:
     """A graph of `calls` invocations fn(0), fn(1), ... cycling over the copies; outputs are dropped.
 
@@ -88,6 +83,21 @@ def capture(fn: Callable[[int], object], copies: int, calls: int) -> torch.cuda.
     return graph
 
 
+def sized_graph(fn: Callable[[int], object], copies: int, target_seconds: float,
+                max_calls: int) -> tuple[torch.cuda.CUDAGraph, int]:
+    """(graph, calls): a graph of fn over the copies whose replay lasts about target_seconds.
+
+    The size comes from the device time of a probe graph (one call per copy), not from eager calls: eager calls of
+    a decode GEMM measure the host's dispatch (about 0.1 ms against 25 us on the GPU), which made graphs of 10-16
+    calls where about 80 were meant."""
+    probe = capture(fn, copies, copies)
+    probe.replay()
+    seconds_per_call = time_replay(probe) / copies
+    del probe
+    calls = metrics.calls_per_replay(copies, seconds_per_call, target_seconds, max_calls)
+    return capture(fn, copies, calls), calls
+
+
 def time_replay(graph: torch.cuda.CUDAGraph) -> float:
     """Device seconds of one replay, bracketed by events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -103,10 +113,12 @@ class GraphTimer:
     """One captured case: `round()` replays it once and returns the per-call seconds (also advancing
     `device_clock`, which is what pytest-benchmark reads); `per_call` keeps every round's figure."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, calls: int, warmup: int = WARMUP_REPLAYS) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, calls: int, settle_seconds: float = 0.0) -> None:
+        """Replays WARMUP_REPLAYS times, and more until about settle_seconds of replays have run (SETTLE_SECONDS)."""
         self.graph, self.calls = graph, calls
         self.per_call: list[float] = []
-        for _ in range(warmup):
+        first = time_replay(graph)
+        for _ in range(metrics.settle_replays(first, settle_seconds, WARMUP_REPLAYS) - 1):
             graph.replay()
         torch.cuda.synchronize()
 
