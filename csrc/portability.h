@@ -39,7 +39,7 @@ namespace w4a16 {
 // ---------------------------------------------------------------------------------------------------------------
 // Per-architecture limits: the one table. Columns: name, max activation rows M, staging budget in activation
 // elements (K * M), hardware shared memory / LDS bytes one block may use (the bound the budget must respect).
-//   sm_90:   227 KB of dynamic shared memory per block (after cudaFuncSetAttribute).
+//   sm_90:   227 KB of dynamic shared memory per block (after cudaFuncSetAttribute); 8 rows, the mma's columns.
 //   gfx1151, gfx1201 (RDNA 3.5 / RDNA 4): 64 KB of LDS per workgroup.
 //   generic: any other target; the 48 KB every CUDA/HIP device grants without opting in.
 // On NVIDIA (sm_90, and generic, which may be NVIDIA) the block also holds the tensor-core kernel's split-K
@@ -47,7 +47,7 @@ namespace w4a16 {
 // Python reads this table by parsing this file (w4a16/skinny.py: limits); keep one row per line.
 // ---------------------------------------------------------------------------------------------------------------
 #define W4A16_ARCH_TABLE(ROW)       \
-  ROW(sm_90, 5, 102400, 232448)     \
+  ROW(sm_90, 8, 100928, 232448)     \
   ROW(gfx1151, 5, 30720, 65536)     \
   ROW(gfx1201, 5, 30720, 65536)     \
   ROW(generic, 5, 17408, 49152)

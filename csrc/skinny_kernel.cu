@@ -22,10 +22,18 @@ __device__ int w4a16_device_staging_elements = W4A16_DEVICE_LIMITS.staging_eleme
 
 namespace w4a16 {
 
-// The kernel is instantiated for M = 1..kInstantiatedRows; no arch may promise more.
+// The kernel is instantiated for M = 1..kInstantiatedRows: the tensor-core kernel up to the mma's 8 columns, the
+// AMD dot2 kernel up to 5. No arch this backend serves may promise more.
+#if defined(W4A16_CUDA)
+constexpr int kInstantiatedRows = 8;
+constexpr bool serves(ArchId id) { return id == ArchId::sm_90 || id == ArchId::generic; }
+#else
 constexpr int kInstantiatedRows = 5;
-#define W4A16_ROWS_ROW(name, rows, elements, hw_bytes) \
-  static_assert((rows) <= kInstantiatedRows, "max_rows of " #name " exceeds the instantiated kernels");
+constexpr bool serves(ArchId id) { return id != ArchId::sm_90; }
+#endif
+#define W4A16_ROWS_ROW(name, rows, elements, hw_bytes)                   \
+  static_assert(!serves(ArchId::name) || (rows) <= kInstantiatedRows, \
+                "max_rows of " #name " exceeds the instantiated kernels");
 W4A16_ARCH_TABLE(W4A16_ROWS_ROW)
 #undef W4A16_ROWS_ROW
 
@@ -214,8 +222,17 @@ SkinnyStatus by_rows(const SkinnyArgs& a, gpuStream_t s, const char** e) {
     case 3: return launch_one<Tag, G, kSymmetric, 3>(a, s, e);
     case 4: return launch_one<Tag, G, kSymmetric, 4>(a, s, e);
     case 5: return launch_one<Tag, G, kSymmetric, 5>(a, s, e);
-    default: return SkinnyStatus::unsupported;
+    default: break;
   }
+  if constexpr (kInstantiatedRows == 8) {
+    switch (a.m) {
+      case 6: return launch_one<Tag, G, kSymmetric, 6>(a, s, e);
+      case 7: return launch_one<Tag, G, kSymmetric, 7>(a, s, e);
+      case 8: return launch_one<Tag, G, kSymmetric, 8>(a, s, e);
+      default: break;
+    }
+  }
+  return SkinnyStatus::unsupported;
 }
 
 template <typename Tag, int G>

@@ -303,7 +303,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const uint16_t* __restrict__ scales, const uint8_t* __restrict__ zeros,
                        const uint16_t* __restrict__ bias, uint16_t* __restrict__ out, int n, int k) {
   static_assert(G % kChunkK == 0 && kStepK % G == 0, "a chunk sits inside one group, a group inside a k-step");
-  static_assert(M >= 1 && M <= 8 && M <= W4A16_DEVICE_LIMITS.max_rows, "M beyond the mma's 8 columns or max_rows");
+  static_assert(M >= 1 && M <= 8, "M beyond the mma's 8 columns");
+  // One host pass serves every device pass, so rows past this architecture's max_rows are instantiated too; the
+  // binding never launches them (it checks M against the same table row), and they trap if anything else does.
+  if constexpr (M > W4A16_DEVICE_LIMITS.max_rows) {
+    __trap();
+    return;
+  }
   constexpr int kSumColumns = sum_columns(M);
   extern __shared__ Words4 smem[];
   const int chunks = k / kChunkK;

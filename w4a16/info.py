@@ -52,7 +52,9 @@ def _print_backends(device: torch.device) -> None:
                 print(f"  {backend:<13} {str(dtype).removeprefix('torch.')}: {reason or 'usable'}")
     for dtype in dtypes:
         print(f"rule ({str(dtype).removeprefix('torch.')}): {dispatch.describe_rule(device, dtype)}")
-    ms = (1, 5, 6, 128, 2048)
+    # Either side of this arch's skinny edge, then a prefill size each side of the dequant_blas threshold.
+    edge = dispatch.rules(arch(device)).skinny_max_m or 5
+    ms = (1, edge, edge + 1, 128, 2048)
     print("auto picks at K=N=4096:  " + "  ".join(f"M={m}" for m in ms))
     for dtype in dtypes:
         picks = [dispatch.choose_backend(m, 4096, dtype, device) for m in ms]

@@ -1,4 +1,4 @@
-"""Skinny kernel timing on a GPU against torch's int4 tinygemm and torch bf16 matmul, same process.
+"""Skinny kernel timing on a GPU against torch's int4 tinygemm, torch bf16 matmul and (M > 5) the Triton kernel.
 
 Protocol of DESIGN.md: each op is captured many times in a CUDA graph over a rotation of weight copies whose total
 size is >= 4x the L2, so weights come from DRAM; per-call time = graph replay time / calls (median of replays).
@@ -22,6 +22,8 @@ SHAPES = {
 }
 GROUP = 128
 MIN_CALLS = 48
+# M above this also times the Triton kernel: the crossover behind w4a16/dispatch_rules.json.
+TRITON_FROM_M = 5
 
 
 def copies_for(nbytes: int) -> int:
@@ -84,6 +86,10 @@ def bench_shape(n: int, k: int, m: int, gen: torch.Generator) -> dict:
     result = {"n": n, "k": k, "m": m, "bytes": weight_bytes + 2 * m * (k + n), "copies": copies}
     ours = [qws[i % copies] for i in range(copies * reps)]
     result["skinny_us"] = time_per_call([lambda qw=qw: skinny.skinny_gemm(x, qw) for qw in ours])
+    if m > TRITON_FROM_M:  # past the rows "auto" sent to the skinny kernel: the Triton kernel is the alternative
+        from w4a16.triton import triton_gemm
+
+        result["triton_us"] = time_per_call([lambda qw=qw: triton_gemm(x, qw) for qw in ours])
     del qws
     try:
         packs = []
@@ -111,25 +117,27 @@ def main() -> int:
         print(reason)
         return 1
     gen = torch.Generator(device="cuda").manual_seed(0)
+    max_rows, elements = skinny.device_limits()
     bw = copy_bandwidth()
     rows = []
     for model, layers in SHAPES.items():
         for layer, (n, k) in layers.items():
-            for m in range(1, 6):
+            for m in (m for m in range(1, max_rows + 1) if m * k <= elements):
                 r = bench_shape(n, k, m, gen)
                 r.update(model=model, layer=layer)
                 rows.append(r)
     print(f"\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s "
           f"(read+write); bf16 activations, uint4b8 G={GROUP}; µs per call, CUDA-graph replay over >= 4x L2")
     print(f"{'model':12s} {'layer':8s} {'M':>2s} {'skinny':>8s} {'GB/s':>6s} {'%copy':>6s} {'tinygemm':>9s} "
-          f"{'x tiny':>7s} {'bf16':>8s} {'x bf16':>7s}")
+          f"{'x tiny':>7s} {'bf16':>8s} {'x bf16':>7s} {'triton':>8s} {'x triton':>8s}")
     for r in rows:
         gbs = r["bytes"] / (r["skinny_us"] * 1e-6) / 1e9
         tiny = r.get("tinygemm_us")
         print(f"{r['model']:12s} {r['layer']:8s} {r['m']:2d} {r['skinny_us']:8.2f} {gbs:6.0f} "
               f"{100 * gbs * 1e9 / bw:5.1f}% {tiny if tiny else float('nan'):9.2f} "
               f"{(tiny / r['skinny_us']) if tiny else float('nan'):6.2f}x {r['bf16_us']:8.2f} "
-              f"{r['bf16_us'] / r['skinny_us']:6.2f}x")
+              f"{r['bf16_us'] / r['skinny_us']:6.2f}x"
+              + (f" {r['triton_us']:8.2f} {r['triton_us'] / r['skinny_us']:7.2f}x" if "triton_us" in r else ""))
         if "tinygemm_error" in r:
             print("   tinygemm:", r["tinygemm_error"])
     if len(sys.argv) > 1:

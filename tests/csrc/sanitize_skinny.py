@@ -22,12 +22,14 @@ def main() -> int:
         print(reason)
         return 1
     gen = torch.Generator(device="cuda").manual_seed(7)
-    cases = list(itertools.product((torch.float16, torch.bfloat16), ("uint4b8", "uint4"), (32, 128), (1, 3, 5)))
+    max_rows, elements = skinny.device_limits()
+    rows = sorted({1, 3, 5, max_rows})
+    cases = list(itertools.product((torch.float16, torch.bfloat16), ("uint4b8", "uint4"), (32, 128), rows))
     # Every cluster size in turn where the device has clusters (0: the shape's own choice).
     clusters = (0, 1, 2, 4) if torch.version.cuda and torch.cuda.get_device_capability() >= (9, 0) else (0,)
     for i, (dtype, fmt, g, m) in enumerate(cases):
         cluster_blocks = clusters[i % len(clusters)]
-        n, k = (257, 1024) if m != 5 else (33, 4096)
+        n, k = (257, 1024) if m < 5 else (33, 4096)
         q = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.int32)
         scales = (torch.rand(n, k // g, device="cuda", generator=gen) * 0.02 + 0.002).to(dtype)
         zeros = None if fmt == "uint4b8" else torch.randint(0, 16, (n, k // g), device="cuda", generator=gen,
@@ -40,13 +42,13 @@ def main() -> int:
         assert_matches_reference(out, x, qw, bias)
         print(f"ok {dtype} {fmt} G={g} M={m} N={n} K={k} bias={bias is not None} cluster_blocks={cluster_blocks}")
     # The staging limit itself: M * K at the budget (rounded down to whole 32-element chunks).
-    _, elements = skinny.device_limits()
-    k = elements // 4 // 32 * 32  # whole chunks of the G = 32 weight below
-    qw = w4a16.QuantizedWeight(w4a16.pack_int4(torch.randint(0, 16, (8, k), device="cuda", dtype=torch.int32)),
-                               torch.full((8, k // 32), 0.01, device="cuda", dtype=torch.bfloat16), None, 32)
-    x = torch.randn(4, k, device="cuda").bfloat16()
-    assert_matches_reference(skinny.skinny_gemm(x, qw), x, qw)
-    print(f"ok staging limit M=4 K={k}")
+    for m in (4, max_rows):
+        k = elements // m // 32 * 32  # whole chunks of the G = 32 weight below
+        qw = w4a16.QuantizedWeight(w4a16.pack_int4(torch.randint(0, 16, (8, k), device="cuda", dtype=torch.int32)),
+                                   torch.full((8, k // 32), 0.01, device="cuda", dtype=torch.bfloat16), None, 32)
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        assert_matches_reference(skinny.skinny_gemm(x, qw), x, qw)
+        print(f"ok staging limit M={m} K={k}")
     print("all cases match")
     return 0
 

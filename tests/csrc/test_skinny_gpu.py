@@ -1,4 +1,4 @@
-"""The skinny kernel on a GPU against the fp32 reference: formats, group sizes, dtypes, M = 1..5, the DESIGN.md
+"""The skinny kernel on a GPU against the fp32 reference: formats, group sizes, dtypes, M = 1..max_rows (8 on sm_90), the DESIGN.md
 model shapes and odd shapes, the staging limit and every host check. Skipped (with the reason) without a GPU."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ GPU = torch.cuda.is_available()
 DTYPES = (torch.float16, torch.bfloat16)
 FORMATS = ("uint4b8", "uint4")
 GROUPS = (32, 64, 128)
-ROWS = (1, 2, 3, 4, 5)
+# Up to the 8 rows the NVIDIA kernel takes on sm_90; rows past the device's limits are skipped (rows_for).
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8)
 # (N, K) of qkv, o, gate_up, down
 LLAMA_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 QWEN3_4B = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)]
@@ -72,6 +73,12 @@ def run(x, qw, bias=None, cluster_blocks=0):
     return out
 
 
+def rows_for(k):
+    """The rows of ROWS this device's kernel takes with K = k (max_rows, and M * K within the staging budget)."""
+    max_rows, elements = skinny.device_limits()
+    return [m for m in ROWS if m <= max_rows and m * k <= elements]
+
+
 def x_for(m, k, dtype, gen):
     return torch.randn(m, k, device="cuda", generator=gen).to(dtype)
 
@@ -82,18 +89,22 @@ MODEL_CASES = [(s, g, f, d, m) for s, g, f, d, m in itertools.product(LLAMA_8B +
 @pytest.mark.parametrize("shape,group_size,fmt,dtype,m", MODEL_CASES, ids=str)
 def test_model_shapes(shape, group_size, fmt, dtype, m, generator):
     n, k = shape
+    if m not in rows_for(k):
+        pytest.skip(f"M={m}, K={k} is past this device's rows or staging budget {skinny.device_limits()}")
     seed = zlib.crc32(repr((n, k, group_size, fmt, dtype)).encode())
     qw = _shared_weight(n, k, group_size, fmt, dtype, seed)
     x = x_for(m, k, dtype, _seeded(generator))
     assert_matches_reference(run(x, qw), x, qw)
 
 
-OTHER_CASES = [(s, f, d, m) for s, f, d, m in itertools.product(OTHER_MODELS, FORMATS, DTYPES, (1, 5))]
+OTHER_CASES = [(s, f, d, m) for s, f, d, m in itertools.product(OTHER_MODELS, FORMATS, DTYPES, (1, 5, 8))]
 
 
 @pytest.mark.parametrize("shape,fmt,dtype,m", OTHER_CASES, ids=str)
 def test_other_model_shapes(shape, fmt, dtype, m, generator):
     n, k = shape
+    if m not in rows_for(k):
+        pytest.skip(f"M={m}, K={k} is past this device's rows or staging budget {skinny.device_limits()}")
     gen = _seeded(generator)
     qw = gpu_weight(n, k, 128, fmt, dtype, gen)
     x = x_for(m, k, dtype, gen)
@@ -109,7 +120,7 @@ ODD = [(n, k, g) for n, k, g in itertools.product((1, 3, 7, 33, 257, 1000, 4099)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_odd_shapes_all_rows_bias(n, k, group_size, dtype, generator):
     gen = _seeded(generator)
-    for fmt, m, with_bias in itertools.product(FORMATS, ROWS, (False, True)):
+    for fmt, m, with_bias in itertools.product(FORMATS, rows_for(k), (False, True)):
         qw = gpu_weight(n, k, group_size, fmt, dtype, gen)
         x = x_for(m, k, dtype, gen)
         bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if with_bias else None
@@ -135,7 +146,7 @@ def test_cluster_sizes(cluster_blocks, n, k, group_size, generator):
     gen = _seeded(generator)
     for fmt, dtype in itertools.product(FORMATS, DTYPES):
         qw = gpu_weight(n, k, group_size, fmt, dtype, gen)
-        for m in ROWS:
+        for m in rows_for(k):
             x = x_for(m, k, dtype, gen)
             bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if m % 2 else None
             assert_matches_reference(run(x, qw, bias, cluster_blocks), x, qw, bias)
@@ -163,7 +174,7 @@ def test_large_activations_and_scales(generator):
 def test_staging_limit_exactly_and_one_past(generator):
     gen = _seeded(generator)
     max_rows, elements = skinny.device_limits()
-    for m in (1, 4):
+    for m in sorted({1, 4, max_rows}):
         k = elements // m // 32 * 32
         qw = gpu_weight(64, k, 32, "uint4", torch.bfloat16, gen)
         x = x_for(m, k, torch.bfloat16, gen)
@@ -185,6 +196,7 @@ def test_host_checks(generator):
     gen = _seeded(generator)
     qw = gpu_weight(64, 256, 64, "uint4", torch.float16, gen)
     x = x_for(2, 256, torch.float16, gen)
+    max_rows, _ = skinny.device_limits()
     op = torch.ops.w4a16.skinny_gemm
     args = dict(x=x, qweight=qw.qweight, scales=qw.scales, zeros=qw.zeros, bias=None, group_size=64, cluster_blocks=0)
 
@@ -212,7 +224,8 @@ def test_host_checks(generator):
         (ValueError, r"zeros must have shape \[N, K // G\] = \[64, 4\]", dict(zeros=qw.zeros[:32].contiguous())),
         (ValueError, r"bias must have shape \[N\] = \[64\]", dict(bias=torch.zeros(63, device="cuda").half())),
         (TypeError, "bias must have the activation dtype", dict(bias=torch.zeros(64, device="cuda"))),
-        (ValueError, "takes 1..5 activation rows .* got M=6", dict(x=x_for(6, 256, torch.float16, gen))),
+        (ValueError, f"takes 1..{max_rows} activation rows .* got M={max_rows + 1}",
+         dict(x=x_for(max_rows + 1, 256, torch.float16, gen))),
         (ValueError, "got M=0", dict(x=x[:0])),
         (ValueError, "16-byte boundary", dict(x=torch.randn(2 * 256 + 1, device="cuda").half()[1:].view(2, 256))),
         (NotImplementedError, "CPU", dict(x=x.cpu(), qweight=qw.qweight.cpu(), scales=qw.scales.cpu(),

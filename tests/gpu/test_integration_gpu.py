@@ -278,7 +278,10 @@ def test_info_reports_the_auto_picks():
     out = subprocess.run([sys.executable, "-m", "w4a16", "info"], check=True, capture_output=True, text=True).stdout
     print(out)
     picks = [line.split() for line in out.splitlines() if line.strip().startswith(("float16", "bfloat16"))]
-    assert len(picks) == 2, out
-    for row in picks:  # M = 1, 5, 6, 128, 2048
-        assert row[1] == "skinny" and row[3] == "triton", out
-        assert row[1:] == [expected_backend(m, 4096) for m in (1, 5, 6, 128, 2048)], out
+    header = next(line for line in out.splitlines() if line.startswith("auto picks at K=N=4096:"))
+    ms = [int(word.removeprefix("M=")) for word in header.split(":", 1)[1].split()]
+    edge = dispatch.rules(w4a16.arch()).skinny_max_m
+    assert len(picks) == 2 and ms == [1, edge, edge + 1, 128, 2048], out
+    for row in picks:  # either side of the skinny edge: both decode routes show
+        assert row[1:3] == ["skinny", "skinny"] and row[3] == "triton", out
+        assert row[1:] == [expected_backend(m, 4096) for m in ms], out
