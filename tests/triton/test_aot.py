@@ -1,9 +1,10 @@
 """Ahead-of-time compilation for gfx1151, gfx1201 and sm_90 of every config the shipped tables can select.
 
 No GPU needed: triton compiles to AMDGCN / PTX + cubin for any target. Asserts the matrix instructions are there
-(`v_wmma_*` on RDNA 3/4; `wgmma` or `mma.sync` on Hopper) and nothing spills (no VGPR/SGPR spills or scratch on
-AMD; no stack or local memory on NVIDIA). Runs in a subprocess without TRITON_INTERPRET (the interpreter replaces
-the JIT function at import), with 2 worker processes. A compile failure is a test failure, never a skip.
+(`v_wmma_*` on RDNA 3/4; `wgmma` or `mma.sync` on Hopper), that nothing spills (no VGPR/SGPR spills or scratch on
+AMD; no stack or local memory on NVIDIA) and that ptxas keeps the wgmmas asynchronous. Runs in a subprocess
+without TRITON_INTERPRET (the interpreter replaces the JIT function at import), with 2 worker processes. A compile
+failure is a test failure, never a skip.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def test_matrix_instructions_and_no_spills(compiled, arch):
             problems.append(f"{what}: no matrix instructions {MATRIX_PREFIX[arch]} (found {matrix})")
         if case["spills"]:
             problems.append(f"{what}: {case['spills']} spills")
+        if case.get("wgmma_serialized"):
+            problems.append(f"{what}: ptxas serialized the wgmmas (C7513)")
         for key in ("scratch_bytes", "local_bytes", "stack_bytes"):
             if case.get(key, 0) > 0:
                 problems.append(f"{what}: {key}={case[key]}")
@@ -62,9 +65,11 @@ def test_matrix_instructions_and_no_spills(compiled, arch):
 
 
 def test_hopper_uses_wgmma_with_the_weight_as_left_operand(compiled):
-    """The weight-left configs of the sm_90 table must reach wgmma (register A operand), not mma.sync."""
-    weight_left = [c for c in compiled if c["arch"] == "sm_90" and c["config"]["w_left"] and "error" not in c
-                   and c["config"]["BLOCK_N"] % (16 * c["config"]["num_warps"]) == 0]
+    """The weight-left configs of the sm_90 table (the wgmma kernel's, and the fused kernel's weight-left ones with
+    whole warpgroups) must reach wgmma (register A operand), not mma.sync."""
+    weight_left = [c for c in compiled if c["arch"] == "sm_90" and "error" not in c
+                   and (c["config"].get("kernel") == "wgmma"
+                        or (c["config"]["w_left"] and c["config"]["BLOCK_N"] % (16 * c["config"]["num_warps"]) == 0))]
     assert weight_left, "the sm_90 table selects no weight-left config"
     for case in weight_left:
         assert any(n.startswith("wgmma.mma_async") for n in case["matrix_instructions"]), case

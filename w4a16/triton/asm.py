@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the fused GEMM for any target, with a summary of what the compiler made.
+"""Ahead-of-time compilation of the Triton GEMMs for any target, with a summary of what the compiler made.
 
 No GPU is needed: `triton.compile(ASTSource(...), target=GPUTarget(...))` runs the whole pipeline down to PTX +
 cubin (ptxas ships with triton) or AMDGCN + hsaco. The summary is what a reviewer checks first: the matrix
@@ -63,6 +63,8 @@ def compile_config(arch: str, config: TileConfig, dtype: str = "fp16", group_siz
 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be fp16 or bf16, got {dtype!r}")
+    if config.kernel == "wgmma":
+        return _compile_wgmma(arch, config, dtype, group_size, symmetric, has_bias)
     if group_size % config.block_k:
         raise ValueError(f"BLOCK_K={config.block_k} must divide group_size={group_size}")
     kernel = _kernel()
@@ -89,10 +91,59 @@ def compile_config(arch: str, config: TileConfig, dtype: str = "fp16", group_siz
                           options={"num_warps": config.num_warps, "num_stages": config.num_stages})
 
 
+def _compile_wgmma(arch: str, config: TileConfig, dtype: str, group_size: int, symmetric: bool, has_bias: bool):
+    """The Hopper wgmma kernel (Gluon) for `arch` (sm_90 only) with `config`."""
+    import triton
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .wgmma_kernel import w4a16_wgmma_kernel
+
+    if arch != "sm_90":
+        raise ValueError(f"the wgmma kernel compiles for sm_90 only, not {arch} (config {config})")
+    signature = {
+        "x_ptr": f"*{dtype}", "qw_ptr": "*i32", "scales_ptr": f"*{dtype}", "zeros_ptr": "*u8",
+        "bias_ptr": f"*{dtype}", "out_ptr": "*fp32" if config.split_k > 1 else f"*{dtype}",
+        "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "split_stride": "i32",
+        **{name: "constexpr" for name in ("GROUP_SIZE", "HAS_ZEROS", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "STAGES",
+                                          "SPLIT_K", "WARPS", "X_GATHER")},
+    }
+    constexprs = {
+        "GROUP_SIZE": group_size, "HAS_ZEROS": not symmetric, "HAS_BIAS": has_bias, "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n, "STAGES": config.num_stages, "SPLIT_K": config.split_k,
+        "WARPS": config.num_warps, "X_GATHER": config.x_gather,
+    }
+    names = list(signature)
+    aligned = ("x_ptr", "qw_ptr", "scales_ptr", "zeros_ptr", "bias_ptr", "out_ptr", "N", "K", "stride_xm",
+               "stride_om")
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    source = GluonASTSource(w4a16_wgmma_kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=target_for(arch), options={"num_warps": config.num_warps})
+
+
 def _tool(name: str) -> str:
     import triton
 
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _ptxas(arch: str) -> str:
+    """The ptxas triton itself uses for `arch` (releases bundle more than one)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(int(arch[3:])).path
+
+
+def _wgmma_serialized(arch: str, ptx: str) -> bool:
+    """Whether ptxas reports that it serialized the wgmmas (its performance note C7513: an operand or accumulator
+    register is redefined while an earlier wgmma may still read it), which silently costs the MMA overlap."""
+    if "wgmma.mma_async" not in ptx:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        report = subprocess.run([_ptxas(arch), f"-arch={arch}a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                                check=True, capture_output=True, text=True).stderr
+    return "C7513" in report
 
 
 def summarize(arch: str, compiled) -> dict:
@@ -120,7 +171,8 @@ def summarize(arch: str, compiled) -> dict:
         fields = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", usage))
         info.update(kind="ptx", registers=int(fields.get("REG", -1)), stack_bytes=int(fields.get("STACK", -1)),
                     local_bytes=int(fields.get("LOCAL", -1)),
-                    spills=int(fields.get("STACK", 0)) + int(fields.get("LOCAL", 0)))
+                    spills=int(fields.get("STACK", 0)) + int(fields.get("LOCAL", 0)),
+                    wgmma_serialized=_wgmma_serialized(arch, text))
     counts: dict[str, int] = {}
     for name in matrix:
         counts[name] = counts.get(name, 0) + 1
@@ -135,7 +187,7 @@ def summary_text(info: dict) -> str:
                f"scratch {info['scratch_bytes']} B, LDS {info['lds_bytes']} B"
     else:
         regs = f"registers {info['registers']}, spills/stack {info['stack_bytes']} B, local {info['local_bytes']} B, " \
-               f"shared {info['shared_bytes']} B"
+               f"shared {info['shared_bytes']} B" + (", wgmma SERIALIZED by ptxas" if info["wgmma_serialized"] else "")
     return f"matrix instructions: {mma}\n{regs}"
 
 

@@ -1,10 +1,11 @@
-"""Quick comparison on the current GPU: the fused kernel (table pick) and its variants against torch bf16.
+"""Quick comparison on the current GPU: the Triton GEMM (table pick) and its variants against torch bf16.
 
     python -m w4a16.triton.compare [--m 16,128,512,2048] [--shapes llama3.1-8b,qwen3-4b] [--json PATH]
 
 Columns (µs per call, CUDA-graph replay over rotated weight copies, median): torch bf16 matmul on pre-dequantized weights; ours
-(`triton_gemm`, the table's config); the same config with the portable dequantization instead of inline PTX;
-the same config in the other orientation (weight-left <-> x-left); dequant_blas; naive dequantize-then-matmul.
+(`triton_gemm`, the table's config); for a fused-kernel config, the same config with the portable dequantization
+instead of inline PTX and in the other orientation (weight-left <-> x-left); dequant_blas; naive
+dequantize-then-matmul.
 A development aid; the bench session is the measurement of record.
 """
 
@@ -46,18 +47,21 @@ def main(argv: list[str] | None = None) -> int:
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
                 cfg = select_config(arch, m, n, k, qws[0].group_size)
+                fused = cfg.kernel == "fused"  # the variant columns apply to the fused kernel only
                 flipped = dataclasses.replace(cfg, w_left=not cfg.w_left)
                 t = {
                     "torch": _timer(lambda i, x=x, qws=qws, dense=dense: x @ dense[i % len(dense)].t(), copies)(),
                     "ours": _timer(lambda i, x=x, qws=qws, dense=dense: triton_gemm(x, qws[i]), len(qws))(),
-                    "portable": _timer(lambda i, x=x, qws=qws, cfg=cfg: launch_gemm(x, qws[i], None, cfg, ptx_dequant=False), len(qws))(),
+                    "portable": _timer(lambda i, x=x, qws=qws, cfg=cfg: launch_gemm(x, qws[i], None, cfg, ptx_dequant=False), len(qws))() if fused else float("nan"),
                     "dequant_blas": _timer(lambda i, x=x, qws=qws, dense=dense: launch_dequant_blas(x, qws[i], None), len(qws))(),
                     "naive": _timer(lambda i, x=x, qws=qws, dense=dense: x @ dequantize(qws[i], dtype).t(), len(qws))(),
                 }
-                try:
-                    t["flipped"] = _timer(lambda i, x=x, qws=qws, cfg=flipped: launch_gemm(x, qws[i], None, cfg), len(qws))()
-                except Exception:  # the other orientation may not fit this tile (resources)
-                    t["flipped"] = float("nan")
+                t["flipped"] = float("nan")
+                if fused:
+                    try:
+                        t["flipped"] = _timer(lambda i, x=x, qws=qws, cfg=flipped: launch_gemm(x, qws[i], None, cfg), len(qws))()
+                    except Exception:  # the other orientation may not fit this tile (resources)
+                        pass
                 rows.append({"model": model, "layer": name, "n": n, "k": k, "m": m, "config": cfg.to_json(), **t})
                 lines.append(f"{model + ' ' + name:<20}{m:>6}{t['torch']:>9.1f}{t['ours']:>9.1f}"
                              f"{t['ours'] / t['torch']:>7.2f}{t['portable']:>10.1f}{t['flipped']:>9.1f}"

@@ -2,7 +2,7 @@
 
 A table holds:
 - `meta`: how it was made (tool, triton version, date, device, method).
-- `defaults`: values for keys a config leaves out (`num_stages`, `split_k`, `w_left`).
+- `defaults`: values for keys a config leaves out (`num_stages`, `split_k`, `w_left`, `kernel`, `x_gather`).
 - `buckets`: a list of `{"m": M, "rules": [{"when": RULE, "config": {...}}, ...]}`, sorted by m. A call with M rows
   uses the nearest bucket at or above M (the largest bucket beyond the last), so a bucket key reads "M <= m", the
   way the public AMD tunings are written. Inside a bucket the first rule whose shape condition holds wins.
@@ -11,7 +11,8 @@ A table holds:
 - `dequant_blas_min_m` (optional): from this M on the dequantize-then-vendor-GEMM route is faster (None: never).
 
 Shape rules (RULES below): "tall" K >= 2N, "n_gt_k" N > K, "n_ge_2k" N >= 2K, "n_ge_4k" N >= 4K, "any".
-A config's BLOCK_K is clamped to the group size G (BLOCK_K must divide G: one scale per K tile and row).
+A fused-kernel config's BLOCK_K is clamped to the group size G (BLOCK_K must divide G: one scale per K tile and
+row). A config with "kernel": "wgmma" selects the Hopper kernel of wgmma_kernel.py instead (see TileConfig).
 """
 
 from __future__ import annotations
@@ -35,13 +36,21 @@ RULES = {
 }
 
 
+KERNELS = ("fused", "wgmma")
+# The wgmma kernel's fixed K tile (wgmma_kernel.BLOCK_K, kept here so configs load without triton's Gluon).
+WGMMA_BLOCK_K = 128
+
+
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """One launch configuration of the fused GEMM kernel.
+    """One launch configuration of a Triton GEMM kernel.
 
-    w_left: compute the transposed product out^T = W x^T (the dequantized weight is the left `tl.dot` operand,
-    which lets Hopper's wgmma read it from registers; see gemm_kernel.py). split_k: programs along K whose fp32
-    partial sums a second kernel adds in split order (for small M, where M x N alone gives too few programs)."""
+    kernel: "fused" (gemm_kernel.py, any GPU) or "wgmma" (wgmma_kernel.py, Hopper only: the weight stays in
+    registers as wgmma's operand; BLOCK_K is its fixed 128, BLOCK_N = 16 * num_warps weight rows, BLOCK_M tokens).
+    w_left (fused): compute the transposed product out^T = W x^T (the dequantized weight is the left `tl.dot`
+    operand; see gemm_kernel.py). split_k: programs along K whose fp32 partial sums a second kernel adds in split
+    order (for small M, where M x N alone gives too few programs). x_gather (wgmma): read x in natural order with
+    4-byte loads instead of permuting it into a copy first (saves a kernel at small M)."""
 
     block_m: int
     block_n: int
@@ -50,23 +59,56 @@ class TileConfig:
     num_stages: int = 1
     split_k: int = 1
     w_left: bool = False
+    kernel: str = "fused"
+    x_gather: bool = False
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"tile config kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.kernel == "fused":
+            if self.x_gather:
+                raise ValueError("x_gather applies to the wgmma kernel only")
+            return
+        problems = []
+        if self.block_k != WGMMA_BLOCK_K:
+            problems.append(f"BLOCK_K={self.block_k} (must be {WGMMA_BLOCK_K})")
+        if self.num_warps not in (4, 8) or self.block_n != 16 * self.num_warps:
+            problems.append(f"BLOCK_N={self.block_n}, num_warps={self.num_warps} (need num_warps 4 or 8 and "
+                            f"BLOCK_N = 16 * num_warps)")
+        if self.block_m not in (16, 32, 64, 128):
+            problems.append(f"BLOCK_M={self.block_m} (must be 16, 32, 64 or 128)")
+        # The ring starts with num_stages - 1 tiles in flight (one warpgroup) or num_stages - 2 (two): Triton 3.6
+        # fails to compile the kernel with a single one (an assertion in its LLVM lowering).
+        if self.num_stages < (3 if self.num_warps == 4 else 4):
+            problems.append(f"num_stages={self.num_stages} (at least 3 with 4 warps, 4 with 8)")
+        if problems:
+            raise ValueError(f"invalid wgmma tile config: {'; '.join(problems)}")
 
     @classmethod
     def from_json(cls, entry: dict, defaults: dict) -> TileConfig:
         merged = {**defaults, **entry}
-        unknown = set(merged) - {"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "split_k", "w_left"}
+        unknown = set(merged) - {"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "split_k", "w_left",
+                                 "kernel", "x_gather"}
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)} in tile config {entry}")
         return cls(merged["BLOCK_M"], merged["BLOCK_N"], merged["BLOCK_K"], merged["num_warps"],
-                   merged.get("num_stages", 1), merged.get("split_k", 1), bool(merged.get("w_left", False)))
+                   merged.get("num_stages", 1), merged.get("split_k", 1), bool(merged.get("w_left", False)),
+                   merged.get("kernel", "fused"), bool(merged.get("x_gather", False)))
 
     def to_json(self) -> dict:
-        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
-                "num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k,
-                "w_left": self.w_left}
+        entry = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
+                 "num_warps": self.num_warps, "num_stages": self.num_stages, "split_k": self.split_k}
+        if self.kernel == "fused":
+            entry["w_left"] = self.w_left
+        else:
+            entry.update(kernel=self.kernel, x_gather=self.x_gather)
+        return entry
 
     def for_group(self, group_size: int) -> TileConfig:
-        """BLOCK_K clamped to the group size (all sizes are powers of two, so the result divides G)."""
+        """The fused kernel's BLOCK_K clamped to the group size (all sizes are powers of two, so the result divides
+        G). The wgmma kernel's lanes read 32 k, which never cross a group: its config serves every G as it is."""
+        if self.kernel == "wgmma":
+            return self
         return dataclasses.replace(self, block_k=min(self.block_k, group_size))
 
 

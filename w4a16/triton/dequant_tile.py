@@ -34,7 +34,7 @@ BF16_MAGIC = 128.0
 _LOP3_AND_OR = 0xEA
 
 
-def _ptx_dequant_asm(is_bf16: bool) -> str:
+def ptx_dequant_asm(is_bf16: bool) -> str:
     """PTX for one int32 word -> 8 dequantized 16-bit values (outputs $0..$7 in k order, inputs $8 word,
     $9 the bits of MAGIC + z, $10 the bits of the scale)."""
     magic = "0x43004300" if is_bf16 else "0x64006400"
@@ -56,8 +56,8 @@ def _ptx_dequant_asm(is_bf16: bool) -> str:
     return "\n".join(lines)
 
 
-_PTX_FP16 = tl.constexpr(_ptx_dequant_asm(False))
-_PTX_BF16 = tl.constexpr(_ptx_dequant_asm(True))
+_PTX_FP16 = tl.constexpr(ptx_dequant_asm(False))
+_PTX_BF16 = tl.constexpr(ptx_dequant_asm(True))
 
 
 @triton.jit

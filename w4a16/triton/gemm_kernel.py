@@ -142,7 +142,15 @@ def launch_gemm(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileCo
                 ptx_dequant: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch on a validated, row-contiguous x2d [M, K] with `config`; returns [M, N] in x's dtype.
 
-    `out` (optional, [M, N] in x's dtype, rows contiguous) receives the result; tests pass one filled with NaN."""
+    `out` (optional, [M, N] in x's dtype, rows contiguous) receives the result; tests pass one filled with NaN.
+    A config with kernel == "wgmma" runs the Hopper kernel of wgmma_kernel.py instead (ptx_dequant does not apply)."""
+    if config.kernel == "wgmma":
+        try:  # Gluon: imported only where a table selects it
+            from .wgmma_kernel import launch_wgmma
+        except ImportError as exc:
+            raise RuntimeError(f"tile config {config} selects the wgmma kernel, which needs triton's Gluon "
+                               f"(triton >= 3.6; this is triton {triton.__version__}): {exc}") from exc
+        return launch_wgmma(x2d, qw, bias, config, out=out)
     m, k = x2d.shape
     n = qw.n
     if ptx_dequant is None:

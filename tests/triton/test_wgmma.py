@@ -1,0 +1,85 @@
+"""The Hopper wgmma kernel (wgmma_kernel.py) against the fp32 reference, and its operand order.
+
+The kernel runs on sm_90 only (there is no interpreter for Gluon), so its GPU cases skip elsewhere; the operand
+order of x and the config checks run everywhere. The model shapes at the M the sm_90 table gives it are covered by
+test_gemm.py::test_model_shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from w4a16_testing import assert_matches_reference, random_activation, random_weight
+
+from w4a16.triton.configs import WGMMA_BLOCK_K, TileConfig
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def test_operand_order_is_the_documented_permutation():
+    from w4a16.triton.wgmma_kernel import operand_order
+
+    m, k = 3, 2 * 128 + 32  # a partial last tile: zero padded
+    x = torch.arange(1, m * k + 1, dtype=torch.float32).reshape(m, k)
+    ordered = operand_order(x)
+    assert ordered.shape == (m, 3 * 128)
+    for col in range(ordered.shape[1]):
+        tile, c = divmod(col, 128)
+        b, s, t, e = c // 16, c // 8 % 2, c // 2 % 4, c % 2
+        physical = tile * 128 + 32 * t + 4 * b + 2 * s + e
+        want = x[:, physical] if physical < k else torch.zeros(m)
+        assert torch.equal(ordered[:, col], want), (col, physical)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(block_k=64), "BLOCK_K=64"),
+    (dict(block_n=128), "BLOCK_N=128, num_warps=4"),
+    (dict(block_m=48), "BLOCK_M=48"),
+    (dict(num_stages=2), "num_stages=2"),
+    (dict(block_n=128, num_warps=8), "num_stages=3 \\(at least 3 with 4 warps, 4 with 8\\)"),
+])
+def test_bad_wgmma_configs_are_rejected(fields, message):
+    base = dict(block_m=64, block_n=64, block_k=WGMMA_BLOCK_K, num_warps=4, num_stages=3, kernel="wgmma")
+    with pytest.raises(ValueError, match=message):
+        TileConfig(**{**base, **fields})
+    with pytest.raises(ValueError, match="x_gather applies to the wgmma kernel only"):
+        TileConfig(64, 64, 64, 4, x_gather=True)
+
+
+# (M, N, K, G): remainders in M against 16..128-token tiles, in N against 64/128 weight rows, K not a multiple of
+# the 128-wide K tile (G = 32, 64), and splits that leave the last split empty.
+SHAPES = [(1, 40, 256, 128), (17, 72, 160, 32), (33, 200, 448, 64), (130, 130, 1056, 32), (64, 4096, 640, 128),
+          (257, 520, 384, 64)]
+CONFIGS = [
+    TileConfig(16, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma"),
+    TileConfig(32, 64, WGMMA_BLOCK_K, 4, 3, 3, kernel="wgmma", x_gather=True),
+    TileConfig(64, 128, WGMMA_BLOCK_K, 8, 4, 2, kernel="wgmma"),
+    TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", x_gather=True),
+    TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 4, kernel="wgmma"),
+    TileConfig(16, 128, WGMMA_BLOCK_K, 8, 4, 8, kernel="wgmma", x_gather=True),
+]
+CASES = [(shape, config, symmetric, dtype)
+         for (shape, config), symmetric, dtype in itertools.product(zip(SHAPES, CONFIGS, strict=True), (True, False),
+                                                                    (torch.float16, torch.bfloat16))]
+# Every config on every shape once more, in bf16 (the cases above pair each shape with one config).
+CASES += [(shape, config, i % 2 == 0, torch.bfloat16)
+          for i, (shape, config) in enumerate(itertools.product(SHAPES, CONFIGS))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+@pytest.mark.parametrize(("shape", "config", "symmetric", "dtype"), CASES,
+                         ids=[f"M{s[0]}N{s[1]}K{s[2]}g{s[3]}-{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}"
+                              f"k{c.split_k}{'G' if c.x_gather else ''}-{'sym' if y else 'asym'}-{d}".replace("torch.", "")
+                              for s, c, y, d in CASES])
+def test_wgmma_kernel(shape, config, symmetric, dtype, generator):
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k, group_size = shape
+    qw = random_weight(n, k, group_size, symmetric, dtype, "cuda", generator)
+    x = random_activation(m, k, dtype, "cuda", generator)
+    bias = torch.randn(n, generator=generator).to(dtype=dtype, device="cuda") if (m + n) % 2 == 0 else None
+    out = launch_gemm(x, qw, bias, config, out=torch.full((m, n), float("nan"), dtype=dtype, device="cuda"))
+    assert_matches_reference(out, x, qw, bias)

@@ -1,0 +1,293 @@
+"""Hopper (sm_90) W4A16 GEMM with the dequantized weight as wgmma's register operand, written in Gluon.
+
+Same contract as gemm_kernel.py: y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias), fp32 accumulation, output in x's
+dtype, reading the shared [N, K // 8] int32 layout (w4a16.layout) with no repacking.
+
+Why a second kernel. wgmma reads its left operand from registers, but only in one register layout. The fused Triton
+kernel builds the dequantized tile in another layout and moves it into that one through shared memory every K tile;
+on Hopper that round trip, not the arithmetic, kept it at 1.3-3.6x the time of torch bf16 (PERF.md). Gluon states
+layouts explicitly, so here the packed words are loaded straight into the threads that own them in the operand
+layout and never leave registers.
+
+How. acc[BLOCK_N, BLOCK_M] += W[BLOCK_N, 128] @ x^T[128, BLOCK_M] per K tile of 128 (weight rows are wgmma's M: 64
+per warpgroup; tokens its N). In the operand layout, lane (g, t) of a warp holds rows g and g + 8 of its 16 rows at
+logical k {16b + 2t + e, 16b + 8 + 2t + e} (b = 0..7, e = 0, 1). Any permutation of k applied to both operands leaves
+the product unchanged, so logical k = 16b + 8s + 2t + e is made to read physical k = 32t + 4b + 2s + e: each lane
+then owns one contiguous 16-byte chunk (32 k, 4 words) of each of its rows, and word w, pair p = 2h + s of the
+magic-number dequantization (dequant_tile.py) is exactly the operand register of block b = 2w + h, half s. x is
+permuted the same way: once per call into a copy (`operand_order`), or, with `x_gather`, by the loads themselves
+(4-byte pieces; no extra kernel, which pays off at small M). A lane's 32 k always share one group (G >= 32), so it
+needs one scale (and zero) per row and tile, for every G in {32, 64, 128}.
+
+Pipeline. x tiles and packed weight tiles go through a ring of `num_stages` shared-memory stages by cp.async; each
+thread copies the weight chunks it will read back, so the weights need no barrier of their own. Per K tile: wait for
+the stage, build the operand in registers (the scales are loaded one tile ahead), issue the wgmma asynchronously and
+wait for the previous one, which overlaps each tile's dequantization with the previous tile's MMA. The loop handles
+two tiles per iteration so that consecutive operands live in different registers: ptxas serializes every wgmma if
+an operand register is redefined while an earlier wgmma may still read it. With two warpgroups (8 warps) a stage is
+refilled only after a barrier that every warpgroup reaches after its wgmma on that stage has completed.
+
+split_k > 1 works as in gemm_kernel.py: fp32 slices of a workspace, added in split order by reduce_splits_kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .configs import TileConfig
+from .dequant_tile import ptx_dequant_asm
+from .gemm_kernel import reduce_splits_kernel
+
+BLOCK_K = 128  # the operand permutation above is built for 128-wide K tiles
+
+# Names that moved between Triton releases (3.6 has the first, later releases the second).
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+_DEQUANT_BF16 = gl.constexpr(ptx_dequant_asm(True))
+_DEQUANT_FP16 = gl.constexpr(ptx_dequant_asm(False))
+
+
+@gluon.jit
+def _operand(words, scale, zero, DTYPE: gl.constexpr, HAS_ZEROS: gl.constexpr, a_layout: gl.constexpr):
+    """Packed words [BN, 4 (t), 4 (w)] -> the dequantized operand [BN, 128] in a_layout, in place (no data moves)."""
+    IS_BF16: gl.constexpr = DTYPE == gl.bfloat16
+    MAGIC: gl.constexpr = 128.0 if IS_BF16 else 1024.0
+    if HAS_ZEROS:
+        zero_bias = (zero.to(gl.float32) + MAGIC).to(DTYPE)
+    else:
+        zero_bias = gl.full(scale.shape, MAGIC + 8.0, DTYPE, layout=scale.type.layout)
+    s_bits = gl.broadcast(gl.expand_dims(scale.to(gl.int16, bitcast=True), 2), words)[0]
+    z_bits = gl.broadcast(gl.expand_dims(zero_bias.to(gl.int16, bitcast=True), 2), words)[0]
+    v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
+        _DEQUANT_BF16 if IS_BF16 else _DEQUANT_FP16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, z_bits, s_bits],
+        dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+    # v_j[n, t, w] is physical k = 32t + 8w + j with j = 4h + 2s + e; the operand wants logical
+    # k = 16(2w + h) + 8s + 2t + e, i.e. the dims [n, w, h, s, t, e].
+    p00 = gl.join(gl.permute(v0, [0, 2, 1]), gl.permute(v1, [0, 2, 1]))  # h = 0, s = 0: [n, w, t, e]
+    p01 = gl.join(gl.permute(v2, [0, 2, 1]), gl.permute(v3, [0, 2, 1]))  # h = 0, s = 1
+    p10 = gl.join(gl.permute(v4, [0, 2, 1]), gl.permute(v5, [0, 2, 1]))  # h = 1, s = 0
+    p11 = gl.join(gl.permute(v6, [0, 2, 1]), gl.permute(v7, [0, 2, 1]))  # h = 1, s = 1
+    tile = gl.permute(gl.join(gl.join(p00, p01), gl.join(p10, p11)), [0, 1, 5, 4, 2, 3])  # [n, w, t, e, s, h] ->
+    tile = gl.reshape(tile, [words.shape[0], 128]).to(DTYPE, bitcast=True)  # [n, w, h, s, t, e]
+    return gl.convert_layout(tile, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _load_scales(s_ptr, z_ptr, meta_off, lane_k, k0, K, GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr):
+    """The scale (and zero) of each (row, lane chunk) of the K tile at k0; past K: scale 0, so the weights are 0."""
+    k = k0 + lane_k
+    in_k = k < K
+    scale = gl.load(s_ptr + meta_off + k // GROUP_SIZE, mask=in_k, other=0.0)
+    if HAS_ZEROS:
+        zero = gl.load(z_ptr + meta_off + k // GROUP_SIZE, mask=in_k, other=8)
+    else:
+        zero = scale  # unused
+    return scale, zero
+
+
+@gluon.jit
+def _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, tile, stage,
+           X_GATHER: gl.constexpr):
+    """cp.async of K tile `tile` (x and packed weights) into ring stage `stage`."""
+    if X_GATHER:  # natural-order x is not padded to whole tiles
+        _async_load(x_ring.index(stage), x_ptrs + tile * 128, mask=(tile * 128 + x_k) < K)
+    else:
+        _async_load(x_ring.index(stage), x_ptrs + tile * 128)
+    word0 = tile * 16
+    _async_load(w_ring.index(stage), qw_ptr + w_off + word0,
+                mask=gl.expand_dims((word0 + lane_word) < words_per_row, 2))
+
+
+@gluon.jit
+def _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr, s_ptr, z_ptr, w_off, meta_off,
+               lane_word, lane_k, words_per_row, K, w_layout: gl.constexpr, a_layout: gl.constexpr,
+               DTYPE: gl.constexpr, GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr, STAGES: gl.constexpr,
+               ONE_WARPGROUP: gl.constexpr, X_GATHER: gl.constexpr):
+    """K tile t0 + i: returns the accumulator (its wgmma still in flight) and the next tile's scales and zeros."""
+    # The next tile's scales (the last tile reloads its own: an unconditional load).
+    scale_next, zero_next = _load_scales(s_ptr, z_ptr, meta_off, lane_k, gl.minimum(t0 + i + 1, t1 - 1) * 128, K,
+                                         GROUP_SIZE, HAS_ZEROS)
+    if ONE_WARPGROUP:
+        async_copy.wait_group(STAGES - 2)
+        _cta_barrier()  # every thread's copies of this stage have landed
+    else:
+        # Refill the stage of tile i - 2 first: after this barrier every warpgroup has waited for its wgmma i - 2.
+        async_copy.wait_group(STAGES - 3)
+        _cta_barrier()
+        if i + STAGES - 2 < n_t:
+            _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, t0 + i + STAGES - 2,
+                   (i + STAGES - 2) % STAGES, X_GATHER)
+        async_copy.commit_group()
+    words = w_ring.index(i % STAGES).load(w_layout)
+    a = _operand(words, scale, zero, DTYPE, HAS_ZEROS, a_layout)
+    fence_async_shared()  # the cp.async (generic proxy) writes, before wgmma reads them (async proxy)
+    acc = warpgroup_mma(a, x_ring.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+    acc, a = warpgroup_mma_wait(num_outstanding=1, deps=[acc, a])  # the wgmma of tile i - 1 is done
+    if ONE_WARPGROUP:  # its stage is free: this warpgroup was its only reader
+        if i + STAGES - 1 < n_t:
+            _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, t0 + i + STAGES - 1,
+                   (i + STAGES - 1) % STAGES, X_GATHER)
+        async_copy.commit_group()
+    return acc, scale_next, zero_next
+
+
+@gluon.jit
+def w4a16_wgmma_kernel(
+    x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,  # shapes and dtypes: see the module docstring
+    M, N, K, stride_xm, stride_om, split_stride,
+    GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
+    WARPS: gl.constexpr, X_GATHER: gl.constexpr,
+):
+    DTYPE: gl.constexpr = x_ptr.dtype.element_ty
+    BK: gl.constexpr = 128
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    pid_k = gl.program_id(2)
+
+    # Layouts. Weight rows: 16 per warp (64 per warpgroup), rows g and g + 8 in lane group g.
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    # Packed words of a tile as [BLOCK_N, 4 (lane t), 4 (word w)]: lane (g, t) holds words 4t..4t+3 of its rows.
+    w_layout: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]] + ([[64, 0, 0]] if WARPS == 8 else []),
+        block_bases=[], shape=[BLOCK_N, 4, 4])
+    meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)  # [BLOCK_N, 4]: one scale per row and lane chunk
+    if X_GATHER:
+        x_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
+    else:
+        x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+
+    # Rows past N are clamped to the last row: loaded and computed like any other, never stored.
+    rows = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, meta_layout)), N - 1)
+    lane_t = gl.arange(0, 4, layout=gl.SliceLayout(0, meta_layout))
+    word_w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_layout)))
+    words_per_row = gl.multiple_of(K // 8, 4)  # K % 32 == 0 since G >= 32 divides K
+    lane_word = lane_t[None, :] * 4  # a lane's first word in a tile
+    w_off = (gl.expand_dims(gl.expand_dims(rows, 1) * words_per_row + lane_word, 2)
+             + gl.expand_dims(gl.expand_dims(word_w, 0), 1))
+    meta_off = gl.expand_dims(rows, 1) * (K // GROUP_SIZE)
+    lane_k = lane_t[None, :] * 32  # a lane's first k in a tile
+
+    x_rows = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout)), M - 1)
+    x_k = gl.arange(0, BK, layout=gl.SliceLayout(0, x_layout))
+    if X_GATHER:  # logical k = 16b + 8s + 2t + e reads physical k = 32t + 4b + 2s + e, in 4-byte pairs
+        x_k = (x_k % 8 // 2) * 32 + x_k // 16 * 4 + x_k % 16 // 8 * 2 + x_k % 2
+        x_k = gl.max_contiguous(gl.multiple_of(x_k, 2), 2)
+    x_k = x_k[None, :]
+    x_ptrs = x_ptr + gl.expand_dims(x_rows, 1) * stride_xm + x_k
+
+    k_tiles = gl.cdiv(K, BK)
+    per_split = gl.cdiv(k_tiles, SPLIT_K)
+    t0 = pid_k * per_split
+    t1 = gl.minimum(t0 + per_split, k_tiles)
+    n_t = t1 - t0  # may be <= 0 for the last splits: they store zeros
+
+    x_ring = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_M, BK],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BK], DTYPE))
+    w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    ONE_WARPGROUP: gl.constexpr = WARPS == 4
+    AHEAD: gl.constexpr = STAGES - 1 if ONE_WARPGROUP else STAGES - 2  # tiles in flight before the loop
+    for i in gl.static_range(AHEAD):
+        if i < n_t:
+            _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, t0 + i, i, X_GATHER)
+        async_copy.commit_group()
+
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+    scale, zero = _load_scales(scales_ptr, zeros_ptr, meta_off, lane_k, t0 * BK, K, GROUP_SIZE, HAS_ZEROS)
+    # Two tiles per iteration, unconditionally, so consecutive operands are distinct registers (module docstring).
+    for i in range(0, n_t - 1, 2):
+        acc, scale, zero = _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr,
+                                      scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k, words_per_row, K,
+                                      w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
+                                      X_GATHER)
+        acc, scale, zero = _tile_step(acc, scale, zero, i + 1, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr,
+                                      scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k, words_per_row, K,
+                                      w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
+                                      X_GATHER)
+    if n_t % 2 == 1:
+        acc, scale, zero = _tile_step(acc, scale, zero, n_t - 1, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr,
+                                      scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k, words_per_row, K,
+                                      w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
+                                      X_GATHER)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    async_copy.wait_group(0)
+
+    # Epilogue: out[m, n] is contiguous along n, the accumulator's rows, so each thread stores 8 consecutive n.
+    out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [BLOCK_N // 8, 256 // BLOCK_N], [1, WARPS], [0, 1])
+    result = gl.convert_layout(acc, out_layout)
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+    if HAS_BIAS and SPLIT_K == 1:  # with split-K the reduction adds it
+        result += gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[:, None]
+    if SPLIT_K > 1:  # out_ptr is the fp32 workspace, one [M, N] slice per split
+        out_ptr += pid_k * split_stride
+    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    gl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+
+
+def operand_order(x2d: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> [M, K rounded up to 128] with each 128-wide tile in the kernel's operand order (zero padded):
+    column 16b + 8s + 2t + e of a tile holds physical k = 32t + 4b + 2s + e."""
+    m, k = x2d.shape
+    padded = triton.cdiv(k, BLOCK_K) * BLOCK_K
+    if padded != k:
+        x2d = torch.nn.functional.pad(x2d, (0, padded - k))
+    return x2d.view(m, padded // BLOCK_K, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, padded)
+
+
+@functools.cache
+def unsupported_reason(device: torch.device) -> str | None:
+    """None where this kernel can run on `device`, else why not."""
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return "the wgmma kernel is NVIDIA-only"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return f"the wgmma kernel needs an sm_90 GPU (this is sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
+    return None
+
+
+def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileConfig,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch on a validated, row-contiguous x2d [M, K] with a `kernel == "wgmma"` config; [M, N] in x's dtype."""
+    reason = unsupported_reason(x2d.device)
+    if reason is not None:
+        raise RuntimeError(f"tile config {config} selects the wgmma kernel, but {reason}")
+    m, k = x2d.shape
+    n = qw.n
+    if out is None:
+        out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    x_in = x2d if config.x_gather else operand_order(x2d)
+    split_k = max(1, min(config.split_k, triton.cdiv(k, BLOCK_K)))
+    target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)
+    zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
+    bias_or_any = bias if bias is not None else qw.scales  # never read when HAS_BIAS is false
+    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
+    w4a16_wgmma_kernel[grid](
+        x_in, qw.qweight, qw.scales, zeros, bias_or_any, target,
+        m, n, k, x_in.stride(0), target.stride(-2), m * n,
+        GROUP_SIZE=qw.group_size, HAS_ZEROS=qw.zeros is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, SPLIT_K=split_k,
+        WARPS=config.num_warps, X_GATHER=config.x_gather, num_warps=config.num_warps,
+    )
+    if split_k > 1:
+        block = 1024
+        reduce_splits_kernel[(triton.cdiv(m * n, block),)](
+            target, bias_or_any, out, m, n, out.stride(0), m * n,
+            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
+    return out
