@@ -4,7 +4,8 @@
 
 For every benchmark shape (N, K) of DESIGN.md's chosen models and every M bucket it times each candidate config of
 that bucket (bf16, symmetric, G = 128; the table serves every dtype and format), the dequant_blas route and, for the
-report, torch bf16 matmul on pre-dequantized weights. Timing: CUDA-graph replay of one call per weight copy over a
+report, torch bf16 matmul on pre-dequantized weights. The candidates are the fused kernel's and, on an sm_90 GPU
+with triton's Gluon, the wgmma kernel's (wgmma_kernel.py). Timing: CUDA-graph replay of one call per weight copy over a
 rotation of copies of >= 4x the L2 size (weights come from DRAM as in a model), median of CUDA-event times.
 
 The written table: per bucket an "any" rule holding the config with the best geometric-mean time relative to each
@@ -28,7 +29,7 @@ import torch
 from ..bench.catalogue import LAYERS, MODELS
 from ..bench.metrics import rotation_copies
 from ..bench.timing import GraphTimer, capture, l2_cache_bytes
-from .configs import CONFIG_DIR, TileConfig
+from .configs import CONFIG_DIR, WGMMA_BLOCK_K, TileConfig
 
 # The models tuned on, with DESIGN.md's shapes as the bench catalogue holds them: model -> [(layer, N, K)].
 SHAPES = {model: [(layer, *MODELS[model][layer]) for layer in LAYERS] for model in ("llama3.1-8b", "qwen3-4b")}
@@ -44,8 +45,35 @@ def smem_bytes(c: TileConfig) -> int:
     return c.num_stages * per_stage + c.block_n * c.block_k * 2
 
 
-def candidates(m: int) -> list[TileConfig]:
-    """The pruned space for bucket m: orientation and tile sizes that make sense at this M, within budgets."""
+def wgmma_candidates(m: int) -> list[TileConfig]:
+    """The Hopper wgmma kernel's space for bucket m: tokens per tile, one or two warpgroups, split-K, x gather."""
+    bm = min(max(16, m), 128)
+    out = []
+    if m <= 64:
+        for warps, split, gather in itertools.product((4, 8), (1, 2, 4, 8), (False, True)):
+            out.append(TileConfig(bm, 16 * warps, WGMMA_BLOCK_K, warps, 4, split, kernel="wgmma", x_gather=gather))
+    elif m <= 256:
+        out += [TileConfig(bm, 64, WGMMA_BLOCK_K, 4, 3, split, kernel="wgmma") for split in (1, 2, 4)]
+        out += [TileConfig(bm, 128, WGMMA_BLOCK_K, 8, 4, split, kernel="wgmma") for split in (1, 2)]
+        out += [TileConfig(64, 128, WGMMA_BLOCK_K, 8, 4, split, kernel="wgmma") for split in (1, 2)]
+    else:
+        out += [TileConfig(bm, 64, WGMMA_BLOCK_K, 4, 3, kernel="wgmma"),
+                TileConfig(bm, 128, WGMMA_BLOCK_K, 8, 4, kernel="wgmma")]
+    return out
+
+
+def wgmma_usable() -> bool:
+    """Whether this process can run the wgmma kernel on the current GPU (Gluon importable, an sm_90 device)."""
+    try:
+        from .wgmma_kernel import unsupported_reason
+    except ImportError:
+        return False
+    return unsupported_reason(torch.device("cuda")) is None
+
+
+def candidates(m: int, wgmma: bool = False) -> list[TileConfig]:
+    """The pruned space for bucket m: orientation and tile sizes that make sense at this M, within budgets; with
+    `wgmma`, the Hopper kernel's configs too."""
     out = []
     if m <= 64:  # weight-left: tokens are the MMA's N (16..64); split K to fill the GPU on narrow N
         for bn, bk, split in itertools.product((64, 128), (64, 128), (1, 2, 4, 8)):
@@ -59,7 +87,7 @@ def candidates(m: int) -> list[TileConfig]:
             for wl in (True, False):
                 warps = 8 if bm * bn >= 128 * 256 else 4
                 out.append(TileConfig(bm, bn, bk, warps, 4 if bk == 64 else 3, 1, wl))
-    keep = []
+    keep = wgmma_candidates(m) if wgmma else []
     for c in out:
         acc_regs = c.block_m * c.block_n // (32 * c.num_warps)
         if GROUP_SIZE % c.block_k or smem_bytes(c) > SMEM_BUDGET or acc_regs > 128:
@@ -110,6 +138,7 @@ def tune(shapes: list[tuple[str, str, int, int]], m_values: list[int], log=print
     from .gemm_kernel import launch_gemm
 
     dtype = torch.bfloat16
+    wgmma = wgmma_usable()
     results = []
     total = len(shapes) * len(m_values)
     done = 0
@@ -123,7 +152,7 @@ def tune(shapes: list[tuple[str, str, int, int]], m_values: list[int], log=print
             row = {"model": model, "layer": name, "n": n, "k": k, "m": m, "configs": []}
             row["torch_us"] = _timer(lambda i, x=x, qws=qws, dense=dense: x @ dense[i % len(dense)].t(), dense_copies)()
             row["dequant_blas_us"] = _timer(lambda i, x=x, qws=qws, dense=dense: launch_dequant_blas(x, qws[i], None), len(qws))()
-            for cfg in candidates(m):
+            for cfg in candidates(m, wgmma):
                 try:
                     us = _timer(lambda i, c=cfg, x=x, qws=qws: launch_gemm(x, qws[i], None, c), len(qws))()
                 except Exception as exc:  # out of resources etc.: the config is simply not a candidate here
@@ -203,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(model, *s) for model in args.shapes.split(",") for s in SHAPES[model]]
     m_values = [int(v) for v in args.m.split(",")]
     print(f"tuning {arch} ({torch.cuda.get_device_name()}): {len(shapes)} shapes x {len(m_values)} M buckets, "
-          f"{sum(len(candidates(m)) for m in m_values)} configs per shape", flush=True)
+          f"{sum(len(candidates(m, wgmma_usable())) for m in m_values)} configs per shape", flush=True)
     path = args.out or CONFIG_DIR / f"{arch}.json"
 
     def save(results: list[dict]) -> None:
