@@ -53,9 +53,12 @@ def wgmma_candidates(m: int) -> list[TileConfig]:
         for warps, split, gather in itertools.product((4, 8), (1, 2, 4, 8), (False, True)):
             out.append(TileConfig(bm, 16 * warps, WGMMA_BLOCK_K, warps, 4, split, kernel="wgmma", x_gather=gather))
     elif m <= 256:
-        out += [TileConfig(bm, 64, WGMMA_BLOCK_K, 4, 3, split, kernel="wgmma") for split in (1, 2, 4)]
+        for split, gather in itertools.product((1, 2, 4), (False, True)):
+            out.append(TileConfig(bm, 64, WGMMA_BLOCK_K, 4, 3, split, kernel="wgmma", x_gather=gather))
         out += [TileConfig(bm, 128, WGMMA_BLOCK_K, 8, 4, split, kernel="wgmma") for split in (1, 2)]
         out += [TileConfig(64, 128, WGMMA_BLOCK_K, 8, 4, split, kernel="wgmma") for split in (1, 2)]
+        for split, gather in itertools.product((2, 4), (False, True)):  # two token tiles: twice the programs
+            out.append(TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, split, kernel="wgmma", x_gather=gather))
     else:
         out += [TileConfig(bm, 64, WGMMA_BLOCK_K, 4, 3, kernel="wgmma"),
                 TileConfig(bm, 128, WGMMA_BLOCK_K, 8, 4, kernel="wgmma")]
