@@ -173,9 +173,15 @@ def launch_gemm(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileCo
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split_k > 1:
-        block = 1024
-        reduce_splits_kernel[(triton.cdiv(m * n, block),)](
-            target, bias_or_any, out, m, n, out.stride(0), m * n,
-            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )
+        add_splits(target, bias, out)
     return out
+
+
+def add_splits(workspace: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out = the sum of the fp32 split-K slices workspace[s] (in split order) + bias, in out's dtype."""
+    split_k, m, n = workspace.shape
+    block = 1024
+    reduce_splits_kernel[(triton.cdiv(m * n, block),)](
+        workspace, bias if bias is not None else workspace, out, m, n, out.stride(0), m * n,
+        SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+    )

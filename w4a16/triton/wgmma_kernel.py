@@ -27,7 +27,7 @@ two tiles per iteration so that consecutive operands live in different registers
 an operand register is redefined while an earlier wgmma may still read it. With two warpgroups (8 warps) a stage is
 refilled only after a barrier that every warpgroup reaches after its wgmma on that stage has completed.
 
-split_k > 1 works as in gemm_kernel.py: fp32 slices of a workspace, added in split order by reduce_splits_kernel.
+split_k > 1 works as in gemm_kernel.py: fp32 slices of a workspace, added in split order by add_splits.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .configs import TileConfig
 from .dequant_tile import ptx_dequant_asm
-from .gemm_kernel import reduce_splits_kernel
+from .gemm_kernel import add_splits
 
 BLOCK_K = 128  # the operand permutation above is built for 128-wide K tiles
 
@@ -285,9 +285,5 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
         WARPS=config.num_warps, X_GATHER=config.x_gather, num_warps=config.num_warps,
     )
     if split_k > 1:
-        block = 1024
-        reduce_splits_kernel[(triton.cdiv(m * n, block),)](
-            target, bias_or_any, out, m, n, out.stride(0), m * n,
-            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )
+        add_splits(target, bias, out)
     return out
