@@ -37,7 +37,7 @@ RULES = {
 
 
 KERNELS = ("fused", "wgmma")
-# The wgmma kernel's fixed K tile (wgmma_kernel.BLOCK_K, kept here so configs load without triton's Gluon).
+# The wgmma kernel's fixed K tile (owned here so configs load without triton's Gluon; wgmma_kernel imports it).
 WGMMA_BLOCK_K = 128
 
 

@@ -45,11 +45,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .configs import TileConfig
+from .configs import WGMMA_BLOCK_K, TileConfig
 from .dequant_tile import ptx_dequant_asm
 from .gemm_kernel import add_splits
 
-BLOCK_K = 128  # the operand permutation above is built for 128-wide K tiles
+# The K tile: 4 lanes x 32 k, the width the operand permutation above is built for.
+BLOCK_K = WGMMA_BLOCK_K
+_BK = gl.constexpr(BLOCK_K)
 
 # Names that moved between Triton releases (3.6 has the first, later releases the second).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -61,7 +63,8 @@ _DEQUANT_FP16 = gl.constexpr(ptx_dequant_asm(False))
 
 @gluon.jit
 def _operand(words, scale, zero, DTYPE: gl.constexpr, HAS_ZEROS: gl.constexpr, a_layout: gl.constexpr):
-    """Packed words [BN, 4 (t), 4 (w)] -> the dequantized operand [BN, 128] in a_layout, in place (no data moves)."""
+    """Packed words [BN, 4 (t), 4 (w)] -> the dequantized operand [BN, BLOCK_K] in a_layout, in place (no data
+    moves)."""
     IS_BF16: gl.constexpr = DTYPE == gl.bfloat16
     MAGIC: gl.constexpr = 128.0 if IS_BF16 else 1024.0
     if HAS_ZEROS:
@@ -80,7 +83,7 @@ def _operand(words, scale, zero, DTYPE: gl.constexpr, HAS_ZEROS: gl.constexpr, a
     p10 = gl.join(gl.permute(v4, [0, 2, 1]), gl.permute(v5, [0, 2, 1]))  # h = 1, s = 0
     p11 = gl.join(gl.permute(v6, [0, 2, 1]), gl.permute(v7, [0, 2, 1]))  # h = 1, s = 1
     tile = gl.permute(gl.join(gl.join(p00, p01), gl.join(p10, p11)), [0, 1, 5, 4, 2, 3])  # [n, w, t, e, s, h] ->
-    tile = gl.reshape(tile, [words.shape[0], 128]).to(DTYPE, bitcast=True)  # [n, w, h, s, t, e]
+    tile = gl.reshape(tile, [words.shape[0], _BK]).to(DTYPE, bitcast=True)  # [n, w, h, s, t, e]
     return gl.convert_layout(tile, a_layout, assert_trivial=True)
 
 
@@ -102,10 +105,10 @@ def _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row,
            X_GATHER: gl.constexpr):
     """cp.async of K tile `tile` (x and packed weights) into ring stage `stage`."""
     if X_GATHER:  # natural-order x is not padded to whole tiles
-        _async_load(x_ring.index(stage), x_ptrs + tile * 128, mask=(tile * 128 + x_k) < K)
+        _async_load(x_ring.index(stage), x_ptrs + tile * _BK, mask=(tile * _BK + x_k) < K)
     else:
-        _async_load(x_ring.index(stage), x_ptrs + tile * 128)
-    word0 = tile * 16
+        _async_load(x_ring.index(stage), x_ptrs + tile * _BK)
+    word0 = tile * (_BK // 8)
     _async_load(w_ring.index(stage), qw_ptr + w_off + word0,
                 mask=gl.expand_dims((word0 + lane_word) < words_per_row, 2))
 
@@ -117,7 +120,7 @@ def _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw
                ONE_WARPGROUP: gl.constexpr, X_GATHER: gl.constexpr):
     """K tile t0 + i: returns the accumulator (its wgmma still in flight) and the next tile's scales and zeros."""
     # The next tile's scales (the last tile reloads its own: an unconditional load).
-    scale_next, zero_next = _load_scales(s_ptr, z_ptr, meta_off, lane_k, gl.minimum(t0 + i + 1, t1 - 1) * 128, K,
+    scale_next, zero_next = _load_scales(s_ptr, z_ptr, meta_off, lane_k, gl.minimum(t0 + i + 1, t1 - 1) * _BK, K,
                                          GROUP_SIZE, HAS_ZEROS)
     if ONE_WARPGROUP:
         async_copy.wait_group(STAGES - 2)
@@ -152,7 +155,7 @@ def w4a16_wgmma_kernel(
     WARPS: gl.constexpr, X_GATHER: gl.constexpr,
 ):
     DTYPE: gl.constexpr = x_ptr.dtype.element_ty
-    BK: gl.constexpr = 128
+    BK: gl.constexpr = _BK
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     pid_k = gl.program_id(2)
