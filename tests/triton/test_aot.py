@@ -57,7 +57,7 @@ def test_matrix_instructions_and_no_spills(compiled, arch):
         if case["spills"]:
             problems.append(f"{what}: {case['spills']} spills")
         if case.get("wgmma_serialized"):
-            problems.append(f"{what}: ptxas serialized the wgmmas (C7513)")
+            problems.append(f"{what}: ptxas serialized the wgmmas ({', '.join(case['wgmma_serialized'])})")
         for key in ("scratch_bytes", "local_bytes", "stack_bytes"):
             if case.get(key, 0) > 0:
                 problems.append(f"{what}: {key}={case[key]}")

@@ -38,7 +38,8 @@ def test_operand_order_is_the_documented_permutation():
     (dict(block_n=128), "BLOCK_N=128, num_warps=4"),
     (dict(block_m=48), "BLOCK_M=48"),
     (dict(num_stages=2), "num_stages=2"),
-    (dict(block_n=128, num_warps=8), "num_stages=3 \\(at least 3 with 4 warps, 4 with 8\\)"),
+    (dict(block_n=128, num_warps=8), "num_stages=3 \\(at least 3 with 4 warps, 4 with 8 or 16\\)"),
+    (dict(block_n=256, num_warps=16, num_stages=4, block_m=16), "BLOCK_M=16 with 16 warps"),
 ])
 def test_bad_wgmma_configs_are_rejected(fields, message):
     base = dict(block_m=64, block_n=64, block_k=WGMMA_BLOCK_K, num_warps=4, num_stages=3, kernel="wgmma")
@@ -51,7 +52,7 @@ def test_bad_wgmma_configs_are_rejected(fields, message):
 # (M, N, K, G): remainders in M against 16..128-token tiles, in N against 64/128 weight rows, K not a multiple of
 # the 128-wide K tile (G = 32, 64), and splits that leave the last split empty.
 SHAPES = [(1, 40, 256, 128), (17, 72, 160, 32), (33, 200, 448, 64), (130, 130, 1056, 32), (64, 4096, 640, 128),
-          (257, 520, 384, 64)]
+          (257, 520, 384, 64), (100, 600, 1280, 128), (40, 264, 224, 32)]
 CONFIGS = [
     TileConfig(16, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma"),
     TileConfig(32, 64, WGMMA_BLOCK_K, 4, 3, 3, kernel="wgmma", x_gather=True),
@@ -59,6 +60,8 @@ CONFIGS = [
     TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", x_gather=True),
     TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 4, kernel="wgmma"),
     TileConfig(16, 128, WGMMA_BLOCK_K, 8, 4, 8, kernel="wgmma", x_gather=True),
+    TileConfig(64, 256, WGMMA_BLOCK_K, 16, 4, 2, kernel="wgmma"),
+    TileConfig(32, 256, WGMMA_BLOCK_K, 16, 5, 1, kernel="wgmma", x_gather=True),
 ]
 CASES = [(shape, config, symmetric, dtype)
          for (shape, config), symmetric, dtype in itertools.product(zip(SHAPES, CONFIGS, strict=True), (True, False),

@@ -93,21 +93,27 @@ def compile_config(arch: str, config: TileConfig, dtype: str = "fp16", group_siz
 
 def _compile_wgmma(arch: str, config: TileConfig, dtype: str, group_size: int, symmetric: bool, has_bias: bool):
     """The Hopper wgmma kernel (Gluon) for `arch` (sm_90 only) with `config`."""
+    import torch
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .wgmma_kernel import w4a16_wgmma_kernel
+    from .wgmma_kernel import BLOCK_K, w4a16_wgmma_kernel, x_layout_for
 
     if arch != "sm_90":
         raise ValueError(f"the wgmma kernel compiles for sm_90 only, not {arch} (config {config})")
+    # x comes by TMA (a descriptor argument) unless the config gathers it with cp.async (then no descriptor).
+    x_tile = f"{dtype}[{config.block_m}, {BLOCK_K}]"
+    layout = x_layout_for(config.block_m, {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype])
+    x_desc = "constexpr" if config.x_gather else f"tensordesc<{x_tile},{layout!r}>"
     signature = {
-        "x_ptr": f"*{dtype}", "qw_ptr": "*i32", "scales_ptr": f"*{dtype}", "zeros_ptr": "*u8",
+        "x_ptr": f"*{dtype}", "x_desc": x_desc, "qw_ptr": "*i32", "scales_ptr": f"*{dtype}", "zeros_ptr": "*u8",
         "bias_ptr": f"*{dtype}", "out_ptr": "*fp32" if config.split_k > 1 else f"*{dtype}",
         "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "split_stride": "i32",
         **{name: "constexpr" for name in ("GROUP_SIZE", "HAS_ZEROS", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "STAGES",
                                           "SPLIT_K", "WARPS", "X_GATHER")},
     }
     constexprs = {
+        **({"x_desc": None} if config.x_gather else {}),
         "GROUP_SIZE": group_size, "HAS_ZEROS": not symmetric, "HAS_BIAS": has_bias, "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n, "STAGES": config.num_stages, "SPLIT_K": config.split_k,
         "WARPS": config.num_warps, "X_GATHER": config.x_gather,
@@ -133,17 +139,19 @@ def _ptxas(arch: str) -> str:
     return get_ptxas(int(arch[3:])).path
 
 
-def _wgmma_serialized(arch: str, ptx: str) -> bool:
-    """Whether ptxas reports that it serialized the wgmmas (its performance note C7513: an operand or accumulator
-    register is redefined while an earlier wgmma may still read it), which silently costs the MMA overlap."""
+def _wgmma_serialized(arch: str, ptx: str) -> list[str]:
+    """The codes of ptxas's notes that it serialized the wgmmas (empty: it did not), which silently costs the MMA
+    overlap. C7513: an operand or accumulator register is redefined while an earlier wgmma may still read it;
+    C7511: too few registers for the wgmma pipeline (e.g. 16 warps with 128-token tiles); C7515: non-wgmma
+    instructions define accumulator registers inside the pipeline stage."""
     if "wgmma.mma_async" not in ptx:
-        return False
+        return []
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
         report = subprocess.run([_ptxas(arch), f"-arch={arch}a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
                                 check=True, capture_output=True, text=True).stderr
-    return "C7513" in report
+    return sorted(set(re.findall(r"\((C75\d\d)\)[^\n]*wgmma[^\n]*serialized", report)))
 
 
 def summarize(arch: str, compiled) -> dict:
@@ -187,7 +195,7 @@ def summary_text(info: dict) -> str:
                f"scratch {info['scratch_bytes']} B, LDS {info['lds_bytes']} B"
     else:
         regs = f"registers {info['registers']}, spills/stack {info['stack_bytes']} B, local {info['local_bytes']} B, " \
-               f"shared {info['shared_bytes']} B" + (", wgmma SERIALIZED by ptxas" if info["wgmma_serialized"] else "")
+               f"shared {info['shared_bytes']} B" + (f", wgmma SERIALIZED by ptxas ({', '.join(info['wgmma_serialized'])})" if info["wgmma_serialized"] else "")
     return f"matrix instructions: {mma}\n{regs}"
 
 

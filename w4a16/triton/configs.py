@@ -46,7 +46,8 @@ class TileConfig:
     """One launch configuration of a Triton GEMM kernel.
 
     kernel: "fused" (gemm_kernel.py, any GPU) or "wgmma" (wgmma_kernel.py, Hopper only: the weight stays in
-    registers as wgmma's operand; BLOCK_K is its fixed 128, BLOCK_N = 16 * num_warps weight rows, BLOCK_M tokens).
+    registers as wgmma's operand; BLOCK_K is its fixed 128, BLOCK_N = 16 * num_warps weight rows (64 per warpgroup; 1, 2
+    or 4 warpgroups), BLOCK_M tokens).
     w_left (fused): compute the transposed product out^T = W x^T (the dequantized weight is the left `tl.dot`
     operand; see gemm_kernel.py). split_k: programs along K whose fp32 partial sums a second kernel adds in split
     order (for small M, where M x N alone gives too few programs). x_gather (wgmma): read x in natural order with
@@ -72,15 +73,18 @@ class TileConfig:
         problems = []
         if self.block_k != WGMMA_BLOCK_K:
             problems.append(f"BLOCK_K={self.block_k} (must be {WGMMA_BLOCK_K})")
-        if self.num_warps not in (4, 8) or self.block_n != 16 * self.num_warps:
-            problems.append(f"BLOCK_N={self.block_n}, num_warps={self.num_warps} (need num_warps 4 or 8 and "
+        if self.num_warps not in (4, 8, 16) or self.block_n != 16 * self.num_warps:
+            problems.append(f"BLOCK_N={self.block_n}, num_warps={self.num_warps} (need num_warps 4, 8 or 16 and "
                             f"BLOCK_N = 16 * num_warps)")
         if self.block_m not in (16, 32, 64, 128):
             problems.append(f"BLOCK_M={self.block_m} (must be 16, 32, 64 or 128)")
-        # The ring starts with num_stages - 1 tiles in flight (one warpgroup) or num_stages - 2 (two): Triton 3.6
-        # fails to compile the kernel with a single one (an assertion in its LLVM lowering).
+        elif self.num_warps == 16 and self.block_m < 32:
+            problems.append(f"BLOCK_M={self.block_m} with 16 warps (at least 32: the x tile's load layout spans "
+                            f"32 rows)")
+        # The ring starts with num_stages - 1 tiles in flight (one warpgroup) or num_stages - 2 (several): Triton
+        # 3.6 fails to compile the kernel with a single one (an assertion in its LLVM lowering).
         if self.num_stages < (3 if self.num_warps == 4 else 4):
-            problems.append(f"num_stages={self.num_stages} (at least 3 with 4 warps, 4 with 8)")
+            problems.append(f"num_stages={self.num_stages} (at least 3 with 4 warps, 4 with 8 or 16)")
         if problems:
             raise ValueError(f"invalid wgmma tile config: {'; '.join(problems)}")
 

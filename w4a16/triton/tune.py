@@ -46,9 +46,12 @@ def smem_bytes(c: TileConfig) -> int:
 
 
 def wgmma_candidates(m: int) -> list[TileConfig]:
-    """The Hopper wgmma kernel's space for bucket m: tokens per tile, one or two warpgroups, split-K, x gather."""
+    """The Hopper wgmma kernel's space for bucket m: tokens per tile, one, two or four warpgroups, split-K, x by TMA
+    or gathered."""
     bm = min(max(16, m), 128)
     out = []
+    if m >= 64:  # four warpgroups share each x tile (64 tokens: 128 would leave too few registers)
+        out += [TileConfig(64, 256, WGMMA_BLOCK_K, 16, 4, split, kernel="wgmma") for split in (1, 2)]
     if m <= 64:
         for warps, split, gather in itertools.product((4, 8), (1, 2, 4, 8), (False, True)):
             out.append(TileConfig(bm, 16 * warps, WGMMA_BLOCK_K, warps, 4, split, kernel="wgmma", x_gather=gather))

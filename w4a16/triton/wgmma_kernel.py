@@ -41,6 +41,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
+    mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -55,6 +57,7 @@ _BK = gl.constexpr(BLOCK_K)
 
 # Names that moved between Triton releases (3.6 has the first, later releases the second).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 _DEQUANT_BF16 = gl.constexpr(ptx_dequant_asm(True))
@@ -101,27 +104,31 @@ def _load_scales(s_ptr, z_ptr, meta_off, lane_k, k0, K, GROUP_SIZE: gl.constexpr
 
 
 @gluon.jit
-def _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, tile, stage,
-           X_GATHER: gl.constexpr):
-    """cp.async of K tile `tile` (x and packed weights) into ring stage `stage`."""
+def _issue(x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, tile,
+           stage, X_GATHER: gl.constexpr):
+    """K tile `tile` into ring stage `stage`: x by TMA (operand-ordered copy) or cp.async (gather), the packed
+    weights by cp.async."""
     if X_GATHER:  # natural-order x is not padded to whole tiles
         _async_load(x_ring.index(stage), x_ptrs + tile * _BK, mask=(tile * _BK + x_k) < K)
-    else:
-        _async_load(x_ring.index(stage), x_ptrs + tile * _BK)
+    else:  # rows past M and k past the padded K arrive as zeros
+        mbarrier.expect(x_bars.index(stage), x_desc.block_type.nbytes)
+        _tma_load(x_desc, [x_row0, tile * _BK], x_bars.index(stage), x_ring.index(stage))
     word0 = tile * (_BK // 8)
     _async_load(w_ring.index(stage), qw_ptr + w_off + word0,
                 mask=gl.expand_dims((word0 + lane_word) < words_per_row, 2))
 
 
 @gluon.jit
-def _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr, s_ptr, z_ptr, w_off, meta_off,
-               lane_word, lane_k, words_per_row, K, w_layout: gl.constexpr, a_layout: gl.constexpr,
+def _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs, x_k, qw_ptr, s_ptr,
+               z_ptr, w_off, meta_off, lane_word, lane_k, words_per_row, K, w_layout: gl.constexpr,
+               a_layout: gl.constexpr,
                DTYPE: gl.constexpr, GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr, STAGES: gl.constexpr,
                ONE_WARPGROUP: gl.constexpr, X_GATHER: gl.constexpr):
     """K tile t0 + i: returns the accumulator (its wgmma still in flight) and the next tile's scales and zeros."""
     # The next tile's scales (the last tile reloads its own: an unconditional load).
     scale_next, zero_next = _load_scales(s_ptr, z_ptr, meta_off, lane_k, gl.minimum(t0 + i + 1, t1 - 1) * _BK, K,
                                          GROUP_SIZE, HAS_ZEROS)
+    stage = i % STAGES
     if ONE_WARPGROUP:
         async_copy.wait_group(STAGES - 2)
         _cta_barrier()  # every thread's copies of this stage have landed
@@ -130,25 +137,30 @@ def _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw
         async_copy.wait_group(STAGES - 3)
         _cta_barrier()
         if i + STAGES - 2 < n_t:
-            _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, t0 + i + STAGES - 2,
-                   (i + STAGES - 2) % STAGES, X_GATHER)
+            _issue(x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K,
+                   t0 + i + STAGES - 2, (i + STAGES - 2) % STAGES, X_GATHER)
         async_copy.commit_group()
-    words = w_ring.index(i % STAGES).load(w_layout)
+    words = w_ring.index(stage).load(w_layout)
     a = _operand(words, scale, zero, DTYPE, HAS_ZEROS, a_layout)
-    fence_async_shared()  # the cp.async (generic proxy) writes, before wgmma reads them (async proxy)
-    acc = warpgroup_mma(a, x_ring.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+    if X_GATHER:
+        # cp.async writes x through the generic proxy and wgmma reads it through the async proxy. This fence
+        # also waits for all of the thread's loads in flight (the next scales), which TMA avoids.
+        fence_async_shared()
+    else:
+        mbarrier.wait(x_bars.index(stage), (i // STAGES) & 1)
+    acc = warpgroup_mma(a, x_ring.index(stage).permute((1, 0)), acc, is_async=True)
     acc, a = warpgroup_mma_wait(num_outstanding=1, deps=[acc, a])  # the wgmma of tile i - 1 is done
     if ONE_WARPGROUP:  # its stage is free: this warpgroup was its only reader
         if i + STAGES - 1 < n_t:
-            _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, t0 + i + STAGES - 1,
-                   (i + STAGES - 1) % STAGES, X_GATHER)
+            _issue(x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K,
+                   t0 + i + STAGES - 1, (i + STAGES - 1) % STAGES, X_GATHER)
         async_copy.commit_group()
     return acc, scale_next, zero_next
 
 
 @gluon.jit
 def w4a16_wgmma_kernel(
-    x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,  # shapes and dtypes: see the module docstring
+    x_ptr, x_desc, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,  # see the module docstring and launch_wgmma
     M, N, K, stride_xm, stride_om, split_stride,
     GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
@@ -168,7 +180,8 @@ def w4a16_wgmma_kernel(
     w_layout: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]] + ([[64, 0, 0]] if WARPS == 8 else []),
+        warp_bases=[[16, 0, 0], [32, 0, 0]] + ([[64, 0, 0]] if WARPS >= 8 else [])
+        + ([[128, 0, 0]] if WARPS == 16 else []),
         block_bases=[], shape=[BLOCK_N, 4, 4])
     meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)  # [BLOCK_N, 4]: one scale per row and lane chunk
     if X_GATHER:
@@ -203,29 +216,41 @@ def w4a16_wgmma_kernel(
 
     x_ring = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_M, BK],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BK], DTYPE))
+    x_row0 = pid_m * BLOCK_M
+    if X_GATHER:
+        x_bars = None
+    else:  # one barrier per stage, completed by the bytes of its TMA copy
+        x_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(x_bars.index(s), count=1)
+        _cta_barrier()  # initialised before any thread waits on them
     w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     ONE_WARPGROUP: gl.constexpr = WARPS == 4
     AHEAD: gl.constexpr = STAGES - 1 if ONE_WARPGROUP else STAGES - 2  # tiles in flight before the loop
     for i in gl.static_range(AHEAD):
         if i < n_t:
-            _issue(x_ring, w_ring, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K, t0 + i, i, X_GATHER)
+            _issue(x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs, x_k, qw_ptr, w_off, lane_word, words_per_row, K,
+                   t0 + i, i, X_GATHER)
         async_copy.commit_group()
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
     scale, zero = _load_scales(scales_ptr, zeros_ptr, meta_off, lane_k, t0 * BK, K, GROUP_SIZE, HAS_ZEROS)
     # Two tiles per iteration, unconditionally, so consecutive operands are distinct registers (module docstring).
     for i in range(0, n_t - 1, 2):
-        acc, scale, zero = _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr,
-                                      scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k, words_per_row, K,
+        acc, scale, zero = _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs,
+                                      x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k,
+                                      words_per_row, K,
                                       w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
                                       X_GATHER)
-        acc, scale, zero = _tile_step(acc, scale, zero, i + 1, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr,
-                                      scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k, words_per_row, K,
+        acc, scale, zero = _tile_step(acc, scale, zero, i + 1, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs,
+                                      x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k,
+                                      words_per_row, K,
                                       w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
                                       X_GATHER)
     if n_t % 2 == 1:
-        acc, scale, zero = _tile_step(acc, scale, zero, n_t - 1, t0, t1, n_t, x_ring, w_ring, x_ptrs, x_k, qw_ptr,
-                                      scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k, words_per_row, K,
+        acc, scale, zero = _tile_step(acc, scale, zero, n_t - 1, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs,
+                                      x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k,
+                                      words_per_row, K,
                                       w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
                                       X_GATHER)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -254,6 +279,22 @@ def operand_order(x2d: torch.Tensor) -> torch.Tensor:
     return x2d.view(m, padded // BLOCK_K, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, padded)
 
 
+def x_layout_for(block_m: int, dtype) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of an x tile [block_m, BLOCK_K]: the kernel's ring and the TMA descriptor agree on
+    it. dtype: a Gluon or torch 16-bit float type."""
+    if isinstance(dtype, torch.dtype):
+        dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([block_m, BLOCK_K], dtype)
+
+
+def x_descriptor(x_ordered: torch.Tensor, block_m: int):
+    """(x_ordered, its TMA descriptor with [block_m, BLOCK_K] boxes); rows past M read as zeros."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return x_ordered, TensorDescriptor.from_tensor(x_ordered, [block_m, BLOCK_K],
+                                                   x_layout_for(block_m, x_ordered.dtype))
+
+
 @functools.cache
 def unsupported_reason(device: torch.device) -> str | None:
     """None where this kernel can run on `device`, else why not."""
@@ -274,14 +315,14 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
     n = qw.n
     if out is None:
         out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    x_in = x2d if config.x_gather else operand_order(x2d)
+    x_in, x_desc = (x2d, None) if config.x_gather else x_descriptor(operand_order(x2d), config.block_m)
     split_k = max(1, min(config.split_k, triton.cdiv(k, BLOCK_K)))
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
     bias_or_any = bias if bias is not None else qw.scales  # never read when HAS_BIAS is false
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
     w4a16_wgmma_kernel[grid](
-        x_in, qw.qweight, qw.scales, zeros, bias_or_any, target,
+        x_in, x_desc, qw.qweight, qw.scales, zeros, bias_or_any, target,
         m, n, k, x_in.stride(0), target.stride(-2), m * n,
         GROUP_SIZE=qw.group_size, HAS_ZEROS=qw.zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, SPLIT_K=split_k,
