@@ -19,13 +19,17 @@ permuted the same way: once per call into a copy (`operand_order`), or, with `x_
 (4-byte pieces; no extra kernel, which pays off at small M). A lane's 32 k always share one group (G >= 32), so it
 needs one scale (and zero) per row and tile, for every G in {32, 64, 128}.
 
-Pipeline. x tiles and packed weight tiles go through a ring of `num_stages` shared-memory stages by cp.async; each
-thread copies the weight chunks it will read back, so the weights need no barrier of their own. Per K tile: wait for
-the stage, build the operand in registers (the scales are loaded one tile ahead), issue the wgmma asynchronously and
-wait for the previous one, which overlaps each tile's dequantization with the previous tile's MMA. The loop handles
-two tiles per iteration so that consecutive operands live in different registers: ptxas serializes every wgmma if
-an operand register is redefined while an earlier wgmma may still read it. With two warpgroups (8 warps) a stage is
-refilled only after a barrier that every warpgroup reaches after its wgmma on that stage has completed.
+Pipeline. x tiles and packed weight tiles go through a ring of `num_stages` shared-memory stages. The weights come
+by cp.async; each thread copies the weight chunks it will read back, so they need no barrier of their own. The
+operand-ordered x copy comes by TMA, one copy per stage completing that stage's mbarrier; a gathered x comes by
+cp.async and then needs a generic-to-async proxy fence before wgmma reads it, which ptxas emits as a MEMBAR that
+also waits for the thread's loads in flight. (TMA instead of cp.async for the x copy: 10-15% faster at M = 128..512
+on the H200, PERF.md.) Per K tile: wait for the stage, build the operand in registers (the scales are loaded one
+tile ahead), issue the wgmma asynchronously and wait for the previous one, which overlaps each tile's dequantization
+with the previous tile's MMA. The loop handles two tiles per iteration so that consecutive operands live in
+different registers: ptxas serializes every wgmma if an operand register is redefined while an earlier wgmma may
+still read it. With several warpgroups (8 or 16 warps) a stage is refilled only after a barrier that every
+warpgroup reaches after its wgmma on that stage has completed.
 
 split_k > 1 works as in gemm_kernel.py: fp32 slices of a workspace, added in split order by add_splits.
 """
@@ -237,22 +241,19 @@ def w4a16_wgmma_kernel(
     scale, zero = _load_scales(scales_ptr, zeros_ptr, meta_off, lane_k, t0 * BK, K, GROUP_SIZE, HAS_ZEROS)
     # Two tiles per iteration, unconditionally, so consecutive operands are distinct registers (module docstring).
     for i in range(0, n_t - 1, 2):
-        acc, scale, zero = _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs,
-                                      x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k,
-                                      words_per_row, K,
-                                      w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
-                                      X_GATHER)
-        acc, scale, zero = _tile_step(acc, scale, zero, i + 1, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs,
-                                      x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k,
-                                      words_per_row, K,
-                                      w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
-                                      X_GATHER)
+        acc, scale, zero = _tile_step(acc, scale, zero, i, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0,
+                                      x_ptrs, x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word,
+                                      lane_k, words_per_row, K, w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS,
+                                      STAGES, ONE_WARPGROUP, X_GATHER)
+        acc, scale, zero = _tile_step(acc, scale, zero, i + 1, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0,
+                                      x_ptrs, x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word,
+                                      lane_k, words_per_row, K, w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS,
+                                      STAGES, ONE_WARPGROUP, X_GATHER)
     if n_t % 2 == 1:
-        acc, scale, zero = _tile_step(acc, scale, zero, n_t - 1, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0, x_ptrs,
-                                      x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word, lane_k,
-                                      words_per_row, K,
-                                      w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS, STAGES, ONE_WARPGROUP,
-                                      X_GATHER)
+        acc, scale, zero = _tile_step(acc, scale, zero, n_t - 1, t0, t1, n_t, x_ring, w_ring, x_bars, x_desc, x_row0,
+                                      x_ptrs, x_k, qw_ptr, scales_ptr, zeros_ptr, w_off, meta_off, lane_word,
+                                      lane_k, words_per_row, K, w_layout, a_layout, DTYPE, GROUP_SIZE, HAS_ZEROS,
+                                      STAGES, ONE_WARPGROUP, X_GATHER)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
 
