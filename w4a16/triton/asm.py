@@ -194,8 +194,10 @@ def summary_text(info: dict) -> str:
         regs = f"VGPRs {info['vgprs']}, SGPRs {info['sgprs']}, spills {info['spills']}, " \
                f"scratch {info['scratch_bytes']} B, LDS {info['lds_bytes']} B"
     else:
+        serialized = info["wgmma_serialized"]
         regs = f"registers {info['registers']}, spills/stack {info['stack_bytes']} B, local {info['local_bytes']} B, " \
-               f"shared {info['shared_bytes']} B" + (f", wgmma SERIALIZED by ptxas ({', '.join(info['wgmma_serialized'])})" if info["wgmma_serialized"] else "")
+               f"shared {info['shared_bytes']} B" + (f", wgmma SERIALIZED by ptxas ({', '.join(serialized)})"
+                                                     if serialized else "")
     return f"matrix instructions: {mma}\n{regs}"
 
 

@@ -289,11 +289,10 @@ def x_layout_for(block_m: int, dtype) -> gl.NVMMASharedLayout:
 
 
 def x_descriptor(x_ordered: torch.Tensor, block_m: int):
-    """(x_ordered, its TMA descriptor with [block_m, BLOCK_K] boxes); rows past M read as zeros."""
+    """The TMA descriptor of the operand-ordered x copy, in [block_m, BLOCK_K] boxes; rows past M read as zeros."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return x_ordered, TensorDescriptor.from_tensor(x_ordered, [block_m, BLOCK_K],
-                                                   x_layout_for(block_m, x_ordered.dtype))
+    return TensorDescriptor.from_tensor(x_ordered, [block_m, BLOCK_K], x_layout_for(block_m, x_ordered.dtype))
 
 
 @functools.cache
@@ -316,7 +315,8 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
     n = qw.n
     if out is None:
         out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    x_in, x_desc = (x2d, None) if config.x_gather else x_descriptor(operand_order(x2d), config.block_m)
+    x_in = x2d if config.x_gather else operand_order(x2d)
+    x_desc = None if config.x_gather else x_descriptor(x_in, config.block_m)
     split_k = max(1, min(config.split_k, triton.cdiv(k, BLOCK_K)))
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
