@@ -79,8 +79,8 @@ class TileConfig:
         if self.block_m not in (16, 32, 64, 128):
             problems.append(f"BLOCK_M={self.block_m} (must be 16, 32, 64 or 128)")
         elif self.num_warps == 16 and self.block_m < 32:
-            problems.append(f"BLOCK_M={self.block_m} with 16 warps (at least 32: the x tile's load layout spans "
-                            f"32 rows)")
+            problems.append(f"BLOCK_M={self.block_m} with 16 warps (at least 32: four warpgroups on fewer "
+                            f"tokens were never built or measured)")
         # The ring starts with num_stages - 1 tiles in flight (one warpgroup) or num_stages - 2 (several): Triton
         # 3.6 fails to compile the kernel with a single one (an assertion in its LLVM lowering).
         if self.num_stages < (3 if self.num_warps == 4 else 4):

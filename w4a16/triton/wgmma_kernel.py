@@ -188,10 +188,6 @@ def w4a16_wgmma_kernel(
         + ([[128, 0, 0]] if WARPS == 16 else []),
         block_bases=[], shape=[BLOCK_N, 4, 4])
     meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)  # [BLOCK_N, 4]: one scale per row and lane chunk
-    if X_GATHER:
-        x_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
-    else:
-        x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
 
     # Rows past N are clamped to the last row: loaded and computed like any other, never stored.
     rows = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, meta_layout)), N - 1)
@@ -204,13 +200,16 @@ def w4a16_wgmma_kernel(
     meta_off = gl.expand_dims(rows, 1) * (K // GROUP_SIZE)
     lane_k = lane_t[None, :] * 32  # a lane's first k in a tile
 
-    x_rows = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout)), M - 1)
-    x_k = gl.arange(0, BK, layout=gl.SliceLayout(0, x_layout))
-    if X_GATHER:  # logical k = 16b + 8s + 2t + e reads physical k = 32t + 4b + 2s + e, in 4-byte pairs
+    if X_GATHER:  # natural-order x by cp.async: logical k = 16b + 8s + 2t + e reads physical k = 32t + 4b + 2s + e
+        x_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])  # 4-byte pairs
+        x_rows = gl.minimum(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout)), M - 1)
+        x_k = gl.arange(0, BK, layout=gl.SliceLayout(0, x_layout))
         x_k = (x_k % 8 // 2) * 32 + x_k // 16 * 4 + x_k % 16 // 8 * 2 + x_k % 2
-        x_k = gl.max_contiguous(gl.multiple_of(x_k, 2), 2)
-    x_k = x_k[None, :]
-    x_ptrs = x_ptr + gl.expand_dims(x_rows, 1) * stride_xm + x_k
+        x_k = gl.max_contiguous(gl.multiple_of(x_k, 2), 2)[None, :]
+        x_ptrs = x_ptr + gl.expand_dims(x_rows, 1) * stride_xm + x_k
+    else:  # the operand-ordered copy by TMA (x_desc)
+        x_k = None
+        x_ptrs = None
 
     k_tiles = gl.cdiv(K, BK)
     per_split = gl.cdiv(k_tiles, SPLIT_K)
