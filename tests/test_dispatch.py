@@ -17,7 +17,7 @@ RULES = DispatchRules("test", skinny_max_m=5, skinny_staging_elements=5 * 4096, 
 @pytest.mark.parametrize(("m", "expected"), [(1, "skinny"), (5, "skinny"), (6, "triton"), (1023, "triton"),
                                              (1024, "dequant_blas"), (4096, "dequant_blas")])
 def test_decide_at_the_m_boundaries(m, expected):
-    assert decide(m, 4096, RULES, **ALL) == expected
+    assert decide(m, 4096, 4096, RULES, **ALL) == expected
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
@@ -25,18 +25,40 @@ def test_decide_at_the_staging_limit_and_one_past_it(m):
     # K * M exactly at the limit stays on skinny; one element past it goes to Triton.
     at_limit = DispatchRules("test", 5, skinny_staging_elements=m * 2048, dequant_blas_min_m=None)
     one_short = DispatchRules("test", 5, skinny_staging_elements=m * 2048 - 1, dequant_blas_min_m=None)
-    assert decide(m, 2048, at_limit, **ALL) == "skinny"
-    assert decide(m, 2048, one_short, **ALL) == "triton"
+    assert decide(m, 4096, 2048, at_limit, **ALL) == "skinny"
+    assert decide(m, 4096, 2048, one_short, **ALL) == "triton"
 
 
 def test_decide_falls_back_when_backends_are_missing():
-    assert decide(1, 4096, RULES, skinny=False, triton=True, dequant_blas=True) == "triton"
-    assert decide(2048, 4096, RULES, skinny=True, triton=True, dequant_blas=False) == "triton"
-    assert decide(2048, 4096, RULES, skinny=False, triton=False, dequant_blas=True) == "dequant_blas"
-    assert decide(6, 4096, RULES, skinny=True, triton=False, dequant_blas=False) == "reference"
-    assert decide(1, 4096, RULES, skinny=False, triton=False, dequant_blas=False) == "reference"
+    assert decide(1, 4096, 4096, RULES, skinny=False, triton=True, dequant_blas=True) == "triton"
+    assert decide(2048, 4096, 4096, RULES, skinny=True, triton=True, dequant_blas=False) == "triton"
+    assert decide(2048, 4096, 4096, RULES, skinny=False, triton=False, dequant_blas=True) == "dequant_blas"
+    assert decide(6, 4096, 4096, RULES, skinny=True, triton=False, dequant_blas=False) == "reference"
+    assert decide(1, 4096, 4096, RULES, skinny=False, triton=False, dequant_blas=False) == "reference"
     no_blas = DispatchRules("test", 5, 5 * 4096, dequant_blas_min_m=None)
-    assert decide(10**6, 4096, no_blas, **ALL) == "triton"
+    assert decide(10**6, 4096, 4096, no_blas, **ALL) == "triton"
+
+
+def test_per_shape_dequant_blas_thresholds_win_over_the_arch_one():
+    r = DispatchRules("test", 5, 5 * 4096, dequant_blas_min_m=512,
+                      dequant_blas_overrides={(28672, 4096): 1024, (2560, 4096): 256, (64, 64): None})
+    assert decide(512, 4096, 4096, r, **ALL) == "dequant_blas"  # no entry: the arch's threshold
+    assert decide(511, 4096, 4096, r, **ALL) == "triton"
+    assert decide(1023, 28672, 4096, r, **ALL) == "triton"
+    assert decide(1024, 28672, 4096, r, **ALL) == "dequant_blas"
+    assert decide(255, 2560, 4096, r, **ALL) == "triton"
+    assert decide(256, 2560, 4096, r, **ALL) == "dequant_blas"
+    assert decide(10**6, 64, 64, r, **ALL) == "triton"  # null: never for that shape
+    assert decide(256, 4096, 2560, r, **ALL) == "triton"  # (N, K), not (K, N)
+
+
+def test_shipped_per_shape_thresholds_at_their_boundaries():
+    r = dispatch.rules("sm_90")
+    assert r.dequant_blas_overrides, "the sm_90 table ships per-shape dequant_blas thresholds"
+    for (n, k), min_m in r.dequant_blas_overrides.items():
+        assert min_m != r.dequant_blas_min_m
+        if min_m is not None:
+            assert decide(min_m - 1, n, k, r, **ALL) == "triton" and decide(min_m, n, k, r, **ALL) == "dequant_blas"
 
 
 @pytest.mark.parametrize("arch_name", ["sm_90", "gfx1151", "gfx1201"])
@@ -47,17 +69,17 @@ def test_shipped_rules_at_their_boundaries(arch_name):
         pytest.skip(f"no skinny limits for {arch_name} here: {dispatch._module('w4a16.skinny')[1] or 'limits() said none'}")
     k = 128  # small enough that the staging limit never binds below skinny_max_m
     assert r.skinny_staging_elements >= k * r.skinny_max_m
-    assert decide(r.skinny_max_m, k, r, **ALL) == "skinny"
-    assert decide(r.skinny_max_m + 1, k, r, **ALL) in ("triton", "dequant_blas")
+    assert decide(r.skinny_max_m, 4096, k, r, **ALL) == "skinny"
+    assert decide(r.skinny_max_m + 1, 4096, k, r, **ALL) in ("triton", "dequant_blas")
     # The largest K (a multiple of 128) that fits one row, and the next one.
     k_fit = r.skinny_staging_elements // 128 * 128
-    assert decide(1, k_fit, r, **ALL) == "skinny"
-    assert decide(1, k_fit + 128, r, **ALL) == "triton"
+    assert decide(1, 4096, k_fit, r, **ALL) == "skinny"
+    assert decide(1, 4096, k_fit + 128, r, **ALL) == "triton"
     assert not r.skinny_fits(1, r.skinny_staging_elements + 1)
     if r.dequant_blas_min_m is not None:
         assert r.dequant_blas_min_m > r.skinny_max_m
-        assert decide(r.dequant_blas_min_m - 1, k, r, **ALL) == "triton"
-        assert decide(r.dequant_blas_min_m, k, r, **ALL) == "dequant_blas"
+        assert decide(r.dequant_blas_min_m - 1, 4096, k, r, **ALL) == "triton"
+        assert decide(r.dequant_blas_min_m, 4096, k, r, **ALL) == "dequant_blas"
 
 
 def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
@@ -66,11 +88,11 @@ def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
     measured = dispatch._measured_skinny_max_m()["sm_90"]["skinny_max_m"]
     r = dispatch.rules("sm_90")
     assert r.skinny_max_m == measured <= r.skinny_rows == w4a16.skinny.limits("sm_90")[0]
-    assert decide(measured, 4096, r, **ALL) == "skinny"
-    assert decide(measured + 1, 4096, r, **ALL) == "triton"
+    assert decide(measured, 4096, 4096, r, **ALL) == "skinny"
+    assert decide(measured + 1, 4096, 4096, r, **ALL) == "triton"
     below = DispatchRules("test", skinny_max_m=2, skinny_staging_elements=5 * 4096, dequant_blas_min_m=None,
                           skinny_kernel_rows=5)
-    assert decide(2, 4096, below, **ALL) == "skinny" and decide(3, 4096, below, **ALL) == "triton"
+    assert decide(2, 4096, 4096, below, **ALL) == "skinny" and decide(3, 4096, 4096, below, **ALL) == "triton"
     assert below.skinny_fits(5, 4096, forced=True) and not below.skinny_fits(6, 4096, forced=True)
     assert not below.skinny_fits(3, 4096)
     # Arches without a measured crossover use the kernel's own limit.
@@ -79,7 +101,7 @@ def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
 
 @pytest.mark.parametrize("m", [1, 5, 6, 128, 2048])
 def test_auto_on_cpu_is_the_reference(m):
-    assert dispatch.choose_backend(m, 4096, torch.float16, "cpu") == "reference"
+    assert dispatch.choose_backend(m, 4096, 4096, torch.float16, "cpu") == "reference"
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
@@ -207,11 +229,11 @@ def test_forced_skinny_checks_its_row_and_staging_limits_before_launch(monkeypat
 
 def test_auto_runs_the_backend_choose_backend_names(monkeypatch, generator):
     calls = []
-    monkeypatch.setattr(dispatch, "choose_backend", lambda m, k, dtype, device: calls.append((m, k)) or "reference")
+    monkeypatch.setattr(dispatch, "choose_backend", lambda m, n, k, dtype, device: calls.append((m, n, k)) or "reference")
     qw = random_weight(16, 128, 64, True, torch.float16, generator=generator)
     x = torch.randn(2, 3, 128, generator=generator).half()
     assert_matches_reference(w4a16.gemm(x, qw), x, qw)
-    assert calls == [(6, 128)], "auto decides on the flattened M"
+    assert calls == [(6, 16, 128)], "auto decides on the flattened M and the weight's shape"
 
 
 def test_gradient_flows_to_x(generator):

@@ -5,13 +5,15 @@ The rule (DESIGN.md, "The hybrid dispatch"), for x flattened to M rows of K:
     skinny        if the skinny op runs on this device and dtype, 1 <= M <= skinny_max_m and K * M fits the
                   kernel's on-chip staging (skinny_staging_elements)
     dequant_blas  else, if the route exists for this device and the arch's table sets dequant_blas_min_m <= M
+                  (the table's entry for this weight's exact (N, K) where it has one)
     triton        else, if the Triton kernel runs on this device
     reference     otherwise (CPU, fp32 activations, no GPU kernel for the device)
 
 The per-arch numbers have one owner each and are only read here: `w4a16.skinny.limits(arch)` gives
 (skinny_max_m, skinny_staging_elements), the same constants its host check and device code use; the Triton table
 `w4a16/triton/configs/<arch>.json` gives `dequant_blas_min_m` (absent or null: the route is never chosen
-automatically). `rules(arch)` collects them and `decide(...)` is the pure decision, testable on any machine.
+automatically) and its per-shape `dequant_blas_overrides`. `rules(arch)` collects them and `decide(...)` is the pure
+decision, testable on any machine.
 
 The op is registered with torch.library as `w4a16::gemm` (tensors only, a fake implementation for tracing), so it
 works under torch.compile(fullgraph=True) and inside CUDA-graph capture: nothing in the call path synchronises
@@ -24,7 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -47,10 +49,16 @@ class DispatchRules:
     skinny_staging_elements: int  # bound on K * M, the activation elements staged in shared memory / LDS
     dequant_blas_min_m: int | None  # dequant + BLAS from this M up; None: never chosen by "auto"
     skinny_kernel_rows: int | None = None  # most rows the kernel itself takes when forced (None: skinny_max_m)
+    # {(N, K): dequant_blas_min_m for that weight shape}, where the tuner measured a crossover of its own
+    dequant_blas_overrides: dict[tuple[int, int], int | None] = field(default_factory=dict)
 
     @property
     def skinny_rows(self) -> int:
         return self.skinny_max_m if self.skinny_kernel_rows is None else self.skinny_kernel_rows
+
+    def dequant_blas_from(self, n: int, k: int) -> int | None:
+        """The M from which "auto" sends an [N, K] weight to dequant_blas (None: never)."""
+        return self.dequant_blas_overrides.get((n, k), self.dequant_blas_min_m)
 
     def skinny_fits(self, m: int, k: int, forced: bool = False) -> bool:
         """Whether M rows of K go to the skinny kernel ("auto"), or can at all (`forced`)."""
@@ -80,7 +88,9 @@ def rules(arch_name: str) -> DispatchRules:
         except (KeyError, ValueError):  # no skinny build for this arch: the route is off
             max_m, staging = 0, 0
     auto_max_m = min(max_m, _measured_skinny_max_m().get(arch_name, {}).get("skinny_max_m", max_m))
-    return DispatchRules(arch_name, auto_max_m, staging, _dequant_blas_min_m(arch_name), skinny_kernel_rows=max_m)
+    min_m, by_shape = _dequant_blas_thresholds(arch_name)
+    return DispatchRules(arch_name, auto_max_m, staging, min_m, skinny_kernel_rows=max_m,
+                         dequant_blas_overrides=by_shape)
 
 
 @functools.cache
@@ -90,19 +100,22 @@ def _measured_skinny_max_m() -> dict[str, dict]:
     return json.loads((Path(__file__).with_name("dispatch_rules.json")).read_text())["archs"]
 
 
-def _dequant_blas_min_m(arch_name: str) -> int | None:
-    """`dequant_blas_min_m` of the arch's Triton table (its owner, w4a16.triton, measures it with the tuner)."""
+def _dequant_blas_thresholds(arch_name: str) -> tuple[int | None, dict[tuple[int, int], int | None]]:
+    """`dequant_blas_min_m` and `dequant_blas_overrides` of the arch's Triton table (its owner, w4a16.triton,
+    measures them with the tuner)."""
     configs, _ = _module("w4a16.triton.configs")
     if configs is None or arch_name == "cpu" or not hasattr(configs, "dequant_blas_min_m"):
-        return None
-    return configs.dequant_blas_min_m(arch_name)
+        return None, {}
+    return configs.dequant_blas_min_m(arch_name), configs.dequant_blas_overrides(arch_name)
 
 
-def decide(m: int, k: int, rules: DispatchRules, *, skinny: bool, triton: bool, dequant_blas: bool) -> str:
-    """The hybrid rule for M rows of K, given which backends can run (pure: no device, no imports)."""
+def decide(m: int, n: int, k: int, rules: DispatchRules, *, skinny: bool, triton: bool, dequant_blas: bool) -> str:
+    """The hybrid rule for M rows of K times an [N, K] weight, given which backends can run (pure: no device, no
+    imports)."""
     if skinny and rules.skinny_fits(m, k):
         return "skinny"
-    if dequant_blas and rules.dequant_blas_min_m is not None and m >= rules.dequant_blas_min_m:
+    min_m = rules.dequant_blas_from(n, k)
+    if dequant_blas and min_m is not None and m >= min_m:
         return "dequant_blas"
     if triton:
         return "triton"
@@ -149,15 +162,16 @@ def _device_arch(device: torch.device) -> str:
     return arch(device)
 
 
-def choose_backend(m: int, k: int, dtype: torch.dtype, device: torch.device | str) -> str:
-    """The backend "auto" uses for M rows of K on `device` (CPU, or no kernel for it: "reference")."""
+def choose_backend(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | str) -> str:
+    """The backend "auto" uses for M rows of K times an [N, K] weight on `device` (CPU, or no kernel for it:
+    "reference")."""
     device = torch.device(device)
     if device.type != "cuda":
         return "reference"
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     available = {b: unavailable_reason(b, device, dtype) is None for b in ("skinny", "triton", "dequant_blas")}
-    return decide(m, k, rules(_device_arch(device)), **available)
+    return decide(m, n, k, rules(_device_arch(device)), **available)
 
 
 def describe_rule(device: torch.device | str, dtype: torch.dtype = torch.float16) -> str:
@@ -169,8 +183,12 @@ def describe_rule(device: torch.device | str, dtype: torch.dtype = torch.float16
     parts = []
     if unavailable_reason("skinny", device, dtype) is None and r.skinny_max_m:
         parts.append(f"skinny for M <= {r.skinny_max_m} (K*M <= {r.skinny_staging_elements})")
-    if unavailable_reason("dequant_blas", device, dtype) is None and r.dequant_blas_min_m is not None:
-        parts.append(f"dequant_blas for M >= {r.dequant_blas_min_m}")
+    if unavailable_reason("dequant_blas", device, dtype) is None:
+        apart = f"{len(r.dequant_blas_overrides)} weight shapes tuned apart" if r.dequant_blas_overrides else ""
+        if r.dequant_blas_min_m is not None:
+            parts.append(f"dequant_blas for M >= {r.dequant_blas_min_m}" + (f" ({apart})" if apart else ""))
+        elif apart:
+            parts.append(f"dequant_blas for {apart}")
     parts.append("triton otherwise" if unavailable_reason("triton", device, dtype) is None else "reference otherwise")
     return f"{r.arch}: " + ", ".join(parts)
 
@@ -267,7 +285,7 @@ def gemm_op(
     if not x2d.is_contiguous():  # the kernels stream rows of K; a strided x is copied once here
         x2d = x2d.contiguous()
     if backend == "auto":
-        backend = choose_backend(m, qw.k, x.dtype, x.device)
+        backend = choose_backend(m, qw.n, qw.k, x.dtype, x.device)
     else:
         _check_forced(backend, m, qw.k, x)
     return _run(backend, x2d, qw, bias).reshape(*lead, qw.n)

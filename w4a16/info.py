@@ -57,5 +57,5 @@ def _print_backends(device: torch.device) -> None:
     ms = (1, edge, edge + 1, 128, 2048)
     print("auto picks at K=N=4096:  " + "  ".join(f"M={m}" for m in ms))
     for dtype in dtypes:
-        picks = [dispatch.choose_backend(m, 4096, dtype, device) for m in ms]
+        picks = [dispatch.choose_backend(m, 4096, 4096, dtype, device) for m in ms]
         print(f"  {str(dtype).removeprefix('torch.'):<9} " + "  ".join(picks))

@@ -27,24 +27,25 @@ transformers = pytest.importorskip("transformers", reason="transformers comes wi
 DTYPES = (torch.float16, torch.bfloat16)
 
 
-def expected_backend(m: int, k: int) -> str:
-    """What the hybrid rule must pick on this GPU, from the shipped per-arch numbers."""
+def expected_backend(m: int, n: int, k: int) -> str:
+    """What the hybrid rule must pick on this GPU for M rows times an [N, K] weight, from the shipped numbers."""
     r = dispatch.rules(w4a16.arch())
     if r.skinny_fits(m, k):
         return "skinny"
-    if r.dequant_blas_min_m is not None and m >= r.dequant_blas_min_m:
+    min_m = r.dequant_blas_overrides.get((n, k), r.dequant_blas_min_m)
+    if min_m is not None and m >= min_m:
         return "dequant_blas"
     return "triton"
 
 
 @pytest.fixture
 def calls(monkeypatch):
-    """[(backend, M, K)] of every GEMM that ran (or was captured) during the test."""
+    """[(backend, M, N, K)] of every GEMM that ran (or was captured) during the test."""
     record = []
     run = dispatch._run
 
     def recording_run(backend, x2d, qw, bias):
-        record.append((backend, x2d.shape[0], qw.k))
+        record.append((backend, x2d.shape[0], qw.n, qw.k))
         return run(backend, x2d, qw, bias)
 
     monkeypatch.setattr(dispatch, "_run", recording_run)
@@ -57,8 +58,8 @@ def assert_close_scaled(out: torch.Tensor, ref: torch.Tensor, fraction: float = 
 
 
 def assert_routed(calls) -> None:
-    wrong = [(b, m, k, expected_backend(m, k)) for b, m, k in calls if b != expected_backend(m, k)]
-    assert not wrong, f"(backend used, M, K, backend expected) for misrouted calls: {wrong[:5]}"
+    wrong = [(b, m, n, k, expected_backend(m, n, k)) for b, m, n, k in calls if b != expected_backend(m, n, k)]
+    assert not wrong, f"(backend used, M, N, K, backend expected) for misrouted calls: {wrong[:5]}"
 
 
 @contextlib.contextmanager
@@ -116,7 +117,7 @@ def test_auto_routes_by_m_at_k_n_4096(dtype, calls):
     for m in ms:
         x = random_activation(m, 4096, dtype, "cuda", gen)
         assert_matches_reference(w4a16.gemm(x, qw), x, qw)
-    assert [m for _, m, _ in calls] == ms
+    assert [m for _, m, _, _ in calls] == ms
     assert_routed(calls)
     assert calls[0][0] == "skinny" and calls[ms.index(max_m + 1)][0] in ("triton", "dequant_blas")
 
@@ -143,7 +144,7 @@ def test_quantized_model_with_real_kernels(family, dtype, symmetric, calls):
     with torch.no_grad(), layers_checked(model):
         out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape == (1, 20)
-    assert {b for b, _, _ in calls} >= {"skinny", "triton"}, "prefill (M=16) and decode (M=1) both ran"
+    assert {b for b, _, _, _ in calls} >= {"skinny", "triton"}, "prefill (M=16) and decode (M=1) both ran"
     assert_routed(calls)
 
 
@@ -197,7 +198,7 @@ def test_torch_compile_fullgraph_with_real_kernels(calls):
         x = random_activation(m, 512, torch.bfloat16, "cuda", gen)
         with torch.no_grad():
             assert_close_scaled(compiled(x), stack(x))
-    assert {b for b, _, _ in calls} == {"skinny", "triton"}, calls
+    assert {b for b, _, _, _ in calls} == {"skinny", "triton"}, calls
     assert_routed(calls)
 
 
@@ -218,7 +219,7 @@ def test_cuda_graph_capture_of_the_op(calls):
         graph.replay()
         with torch.no_grad():
             assert_close_scaled(static_y, stack(static_x))
-    assert {b for b, _, _ in calls} == {"skinny"}, calls
+    assert {b for b, _, _, _ in calls} == {"skinny"}, calls
 
 
 def test_cuda_graph_capture_of_a_model_decode_step(calls):
@@ -256,7 +257,7 @@ def test_cuda_graph_capture_of_a_model_decode_step(calls):
     before = len(calls)
     with torch.cuda.graph(graph), torch.no_grad():
         static_logits = step(captured_cache)
-    captured = [b for b, _, _ in calls[before:]]
+    captured = [b for b, _, _, _ in calls[before:]]
     generated = []
     for _ in range(3):  # greedy decode by replay, each step checked against the eager step of the reference cache
         graph.replay()
@@ -284,4 +285,4 @@ def test_info_reports_the_auto_picks():
     assert len(picks) == 2 and ms == [1, edge, edge + 1, 128, 2048], out
     for row in picks:  # either side of the skinny edge: both decode routes show
         assert row[1:3] == ["skinny", "skinny"] and row[3] == "triton", out
-        assert row[1:] == [expected_backend(m, 4096) for m in ms], out
+        assert row[1:] == [expected_backend(m, 4096, 4096) for m in ms], out

@@ -65,6 +65,7 @@ def test_exact_overrides_win_over_rules(tmp_path, monkeypatch):
         "overrides": [{"n": 512, "k": 1024, "m": 64, "config": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32,
                                                                  "num_warps": 8, "split_k": 2}}],
         "dequant_blas_min_m": 2048,
+        "dequant_blas_overrides": [{"n": 512, "k": 1024, "min_m": 64}, {"n": 256, "k": 1024, "min_m": None}],
     }
     (tmp_path / "sm_00.json").write_text(json.dumps(data))
     monkeypatch.setattr(configs, "CONFIG_DIR", tmp_path)
@@ -73,6 +74,10 @@ def test_exact_overrides_win_over_rules(tmp_path, monkeypatch):
         assert select_config("sm_00", 10, 512, 1024, 128) == TileConfig(64, 64, 32, 8, 1, 2)
         assert select_config("sm_00", 10, 512, 2048, 128) == TileConfig(16, 32, 64, 4)
         assert configs.dequant_blas_min_m("sm_00") == 2048
+        assert configs.dequant_blas_overrides("sm_00") == {(512, 1024): 64, (256, 1024): None}
+        assert configs.dequant_blas_min_m("sm_00", 512, 1024) == 64
+        assert configs.dequant_blas_min_m("sm_00", 256, 1024) is None
+        assert configs.dequant_blas_min_m("sm_00", 1024, 512) == 2048
     finally:
         configs.load_table.cache_clear()
 
@@ -98,3 +103,22 @@ def test_unknown_arch_falls_back_to_generic_with_one_warning():
     generic = load_table(configs.GENERIC)
     assert first == dict(generic.buckets)[generic.bucket_for(16)][0][1].for_group(128)
     assert second == dict(generic.buckets)[generic.bucket_for(2048)][0][1].for_group(128)
+
+
+def test_the_tuner_writes_per_shape_dequant_blas_thresholds():
+    """build_table: the arch's crossover from the geometric mean, an override for each shape whose own differs."""
+    from w4a16.triton.tune import build_table
+
+    config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4}
+    fused = {256: 10.0, 512: 20.0, 1024: 40.0}
+    blas = {(1024, 512): {256: 12.0, 512: 18.0, 1024: 30.0},   # wins from 512
+            (4096, 512): {256: 12.0, 512: 22.0, 1024: 30.0}}   # wins from 1024 only
+    results = [{"n": n, "k": k, "m": m, "configs": [(config, fused[m])], "dequant_blas_us": us}
+               for (n, k), by_m in blas.items() for m, us in by_m.items()]
+    table = build_table(results)
+    assert table["dequant_blas_min_m"] == 512  # geometric mean at 512: sqrt(18 * 22) = 19.9 < 20
+    assert table["dequant_blas_overrides"] == [{"n": 4096, "k": 512, "min_m": 1024}]
+    results[3]["dequant_blas_us"] = 5.0  # (4096, 512) now wins at 256 too, but not at 512: still from 1024
+    table = build_table(results)
+    assert table["dequant_blas_min_m"] == 256
+    assert table["dequant_blas_overrides"] == [{"n": 1024, "k": 512, "min_m": 512}, {"n": 4096, "k": 512, "min_m": 1024}]

@@ -105,11 +105,12 @@ def dequant_blas_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor
     return launch_dequant_blas(x2d, qw, bias)
 
 
-def dequant_blas_min_m(device: torch.device | str) -> int | None:
-    """From this M on, dequant_blas_gemm measured faster than triton_gemm on this arch (None: never)."""
+def dequant_blas_min_m(device: torch.device | str, n: int | None = None, k: int | None = None) -> int | None:
+    """From this M on, dequant_blas_gemm measured faster than triton_gemm on this arch (None: never); with (n, k),
+    for that weight shape (the table's per-shape entry where it has one)."""
     from .configs import dequant_blas_min_m as _min_m
 
-    return _min_m(table_arch(torch.device(device)))
+    return _min_m(table_arch(torch.device(device)), n, k)
 
 
 __all__ = ["dequant_blas_gemm", "dequant_blas_min_m", "triton_gemm", "unavailable_reason"]

@@ -9,6 +9,8 @@ A table holds:
 - `overrides` (optional): `[{"n": N, "k": K, "m": M, "config": {...}}]`, exact (N, K) entries that win over the
   rules of bucket m (the tuner writes one per benchmark shape and bucket).
 - `dequant_blas_min_m` (optional): from this M on the dequantize-then-vendor-GEMM route is faster (None: never).
+- `dequant_blas_overrides` (optional): `[{"n": N, "k": K, "min_m": M or null}]`, exact (N, K) entries that win over
+  `dequant_blas_min_m` (the tuner writes one per benchmark shape whose own crossover differs from the arch's).
 
 Shape rules (RULES below): "tall" K >= 2N, "n_gt_k" N > K, "n_ge_2k" N >= 2K, "n_ge_4k" N >= 4K, "any".
 A fused-kernel config's BLOCK_K is clamped to the group size G (BLOCK_K must divide G: one scale per K tile and
@@ -123,6 +125,7 @@ class Table:
     buckets: tuple[tuple[int, tuple[tuple[str, TileConfig], ...]], ...]
     overrides: dict[tuple[int, int, int], TileConfig]
     dequant_blas_min_m: int | None
+    dequant_blas_overrides: dict[tuple[int, int], int | None] = dataclasses.field(default_factory=dict)
 
     def bucket_for(self, m: int) -> int:
         for bucket, _ in self.buckets:
@@ -150,7 +153,8 @@ def _parse(arch: str, data: dict) -> Table:
         buckets.append((int(bucket["m"]), tuple(rules)))
     overrides = {(o["n"], o["k"], o["m"]): TileConfig.from_json(o["config"], defaults)
                  for o in data.get("overrides", [])}
-    return Table(arch, data.get("meta", {}), tuple(buckets), overrides, data.get("dequant_blas_min_m"))
+    blas_overrides = {(o["n"], o["k"]): o["min_m"] for o in data.get("dequant_blas_overrides", [])}
+    return Table(arch, data.get("meta", {}), tuple(buckets), overrides, data.get("dequant_blas_min_m"), blas_overrides)
 
 
 @functools.cache
@@ -181,6 +185,13 @@ def select_config(arch: str, m: int, n: int, k: int, group_size: int) -> TileCon
     return config.for_group(group_size)
 
 
-def dequant_blas_min_m(arch: str) -> int | None:
-    """The smallest M from which dequantize + vendor GEMM beats the fused kernel on `arch` (None: never)."""
-    return load_table(arch).dequant_blas_min_m
+def dequant_blas_min_m(arch: str, n: int | None = None, k: int | None = None) -> int | None:
+    """The smallest M from which dequantize + vendor GEMM beats the fused kernel on `arch` (None: never): for an
+    [n, k] weight the table's entry for that shape where it has one, else the arch's."""
+    table = load_table(arch)
+    return table.dequant_blas_overrides.get((n, k), table.dequant_blas_min_m)
+
+
+def dequant_blas_overrides(arch: str) -> dict[tuple[int, int], int | None]:
+    """{(N, K): that shape's own dequant_blas_min_m} where it differs from the arch's."""
+    return dict(load_table(arch).dequant_blas_overrides)

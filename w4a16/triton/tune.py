@@ -11,7 +11,8 @@ rotation of copies of >= 4x the L2 size (weights come from DRAM as in a model), 
 The written table: per bucket an "any" rule holding the config with the best geometric-mean time relative to each
 shape's best, plus exact (N, K) overrides where a shape's own best is more than OVERRIDE_GAIN faster, plus
 `dequant_blas_min_m`: the smallest bucket from which dequant_blas beats the fused kernel on the geometric mean in
-that bucket and every larger one.
+that bucket and every larger one, plus `dequant_blas_overrides`: each shape whose own crossover (the same rule on
+its own times) differs from that.
 """
 
 from __future__ import annotations
@@ -175,8 +176,20 @@ def tune(shapes: list[tuple[str, str, int, int]], m_values: list[int], log=print
     return {"results": results, "table": build_table(results)}
 
 
+def _crossover(blas_wins: dict[int, bool]) -> int | None:
+    """The smallest bucket from which dequant_blas wins in that bucket and every larger one (None: not in the
+    largest)."""
+    min_m = None
+    for m in sorted(blas_wins, reverse=True):
+        if not blas_wins[m]:
+            break
+        min_m = m
+    return min_m
+
+
 def build_table(results: list[dict]) -> dict:
     buckets, overrides, blas_wins = [], [], {}
+    shape_wins: dict[tuple[int, int], dict[int, bool]] = {}
     for m in sorted({r["m"] for r in results}):
         rows = [r for r in results if r["m"] == m]
         # Configs timed for every shape of the bucket, scored by geometric mean of time / shape's best.
@@ -190,15 +203,17 @@ def build_table(results: list[dict]) -> dict:
             own = min(t, key=t.get)
             if t[default] > OVERRIDE_GAIN * b:
                 overrides.append({"n": r["n"], "k": r["k"], "m": m, "config": json.loads(own)})
+            # Against what the table will run for this shape: its override, else the bucket's config.
+            picked = t[own] if t[default] > OVERRIDE_GAIN * b else t[default]
+            shape_wins.setdefault((r["n"], r["k"]), {})[m] = r["dequant_blas_us"] < picked
         fused = math.exp(sum(math.log(b) for b in best) / len(rows))
         blas = math.exp(sum(math.log(r["dequant_blas_us"]) for r in rows) / len(rows))
         blas_wins[m] = blas < fused
-    min_m = None
-    for m in sorted(blas_wins, reverse=True):
-        if not blas_wins[m]:
-            break
-        min_m = m
-    return {"buckets": buckets, "overrides": overrides, "dequant_blas_min_m": min_m}
+    min_m = _crossover(blas_wins)
+    blas_overrides = [{"n": n, "k": k, "min_m": _crossover(wins)} for (n, k), wins in sorted(shape_wins.items())
+                      if _crossover(wins) != min_m]
+    return {"buckets": buckets, "overrides": overrides, "dequant_blas_min_m": min_m,
+            "dequant_blas_overrides": blas_overrides}
 
 
 def write_table(arch: str, table: dict, path: Path) -> None:
