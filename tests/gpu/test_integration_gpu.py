@@ -32,7 +32,7 @@ def expected_backend(m: int, n: int, k: int) -> str:
     r = dispatch.rules(w4a16.arch())
     if r.skinny_fits(m, k):
         return "skinny"
-    min_m = r.dequant_blas_overrides.get((n, k), r.dequant_blas_min_m)
+    min_m = r.dequant_blas_from(n, k)
     if min_m is not None and m >= min_m:
         return "dequant_blas"
     return "triton"
@@ -106,6 +106,23 @@ def test_kernels_are_available_here():
             assert reason is None, f"{backend} for {dtype} is unavailable on {w4a16.arch()}: {reason}"
     r = dispatch.rules(w4a16.arch())
     assert r.skinny_max_m >= 1 and r.skinny_staging_elements >= 4096 * r.skinny_max_m, r
+
+
+def test_auto_routes_a_tuned_shape_by_its_own_dequant_blas_threshold(calls):
+    """A weight shape with its own entry in the arch table's dequant_blas_overrides goes to Triton one row below
+    that threshold and to dequant_blas at it, correct both ways."""
+    r = dispatch.rules(w4a16.arch())
+    tuned = [(n, k, m) for (n, k), m in r.dequant_blas_overrides.items() if m is not None]
+    if not tuned:
+        pytest.skip(f"the {r.arch} Triton table has no per-shape dequant_blas thresholds")
+    n, k, min_m = min(tuned, key=lambda entry: entry[0] * entry[1] * entry[2])  # the cheapest to run
+    gen = torch.Generator().manual_seed(3)
+    qw = random_weight(n, k, 128, True, torch.bfloat16, "cuda", gen)
+    for m in (min_m - 1, min_m):
+        x = random_activation(m, k, torch.bfloat16, "cuda", gen)
+        assert_matches_reference(w4a16.gemm(x, qw), x, qw)
+    assert [b for b, *_ in calls] == ["triton", "dequant_blas"], calls
+    assert_routed(calls)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
