@@ -201,17 +201,17 @@ def build_table(results: list[dict]) -> dict:
         buckets.append({"m": m, "rules": [{"when": "any", "config": json.loads(default)}]})
         for r, t, b in zip(rows, times, best, strict=True):
             own = min(t, key=t.get)
-            if t[default] > OVERRIDE_GAIN * b:
+            overridden = t[default] > OVERRIDE_GAIN * b
+            if overridden:
                 overrides.append({"n": r["n"], "k": r["k"], "m": m, "config": json.loads(own)})
-            # Against what the table will run for this shape: its override, else the bucket's config.
-            picked = t[own] if t[default] > OVERRIDE_GAIN * b else t[default]
-            shape_wins.setdefault((r["n"], r["k"]), {})[m] = r["dequant_blas_us"] < picked
+            # dequant_blas against what the table will run for this shape: its override, else the bucket's config.
+            shape_wins.setdefault((r["n"], r["k"]), {})[m] = r["dequant_blas_us"] < t[own if overridden else default]
         fused = math.exp(sum(math.log(b) for b in best) / len(rows))
         blas = math.exp(sum(math.log(r["dequant_blas_us"]) for r in rows) / len(rows))
         blas_wins[m] = blas < fused
     min_m = _crossover(blas_wins)
-    blas_overrides = [{"n": n, "k": k, "min_m": _crossover(wins)} for (n, k), wins in sorted(shape_wins.items())
-                      if _crossover(wins) != min_m]
+    shape_min_m = {shape: _crossover(wins) for shape, wins in sorted(shape_wins.items())}
+    blas_overrides = [{"n": n, "k": k, "min_m": own} for (n, k), own in shape_min_m.items() if own != min_m]
     return {"buckets": buckets, "overrides": overrides, "dequant_blas_min_m": min_m,
             "dequant_blas_overrides": blas_overrides}
 
