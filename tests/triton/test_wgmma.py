@@ -40,13 +40,20 @@ def test_operand_order_is_the_documented_permutation():
     (dict(num_stages=2), "num_stages=2"),
     (dict(block_n=128, num_warps=8), "num_stages=3 \\(at least 3 with 4 warps, 4 with 8 or 16\\)"),
     (dict(block_n=256, num_warps=16, num_stages=4, block_m=16), "BLOCK_M=16 with 16 warps"),
+    (dict(block_m=256), "BLOCK_M=256 \\(must be 16, 32, 64 or 128\\)"),
+    (dict(producer=True, block_m=32), "BLOCK_M=32 \\(the producer form takes 64, 128 or 256\\)"),
+    (dict(producer=True, block_n=256, num_warps=16, num_stages=4), "the producer form needs 4 or 8 consumer warps"),
+    (dict(producer=True, num_stages=1), "num_stages=1 \\(at least 2\\)"),
+    (dict(producer=True, x_gather=True), "x_gather with producer"),
 ])
 def test_bad_wgmma_configs_are_rejected(fields, message):
     base = dict(block_m=64, block_n=64, block_k=WGMMA_BLOCK_K, num_warps=4, num_stages=3, kernel="wgmma")
     with pytest.raises(ValueError, match=message):
         TileConfig(**{**base, **fields})
-    with pytest.raises(ValueError, match="x_gather applies to the wgmma kernel only"):
+    with pytest.raises(ValueError, match="x_gather and producer apply to the wgmma kernel only"):
         TileConfig(64, 64, 64, 4, x_gather=True)
+    with pytest.raises(ValueError, match="x_gather and producer apply to the wgmma kernel only"):
+        TileConfig(64, 64, 64, 4, producer=True)
 
 
 # (M, N, K, G): remainders in M against 16..128-token tiles, in N against 64/128 weight rows, K not a multiple of
@@ -63,19 +70,31 @@ CONFIGS = [
     TileConfig(64, 256, WGMMA_BLOCK_K, 16, 4, 2, kernel="wgmma"),
     TileConfig(32, 256, WGMMA_BLOCK_K, 16, 5, 1, kernel="wgmma", x_gather=True),
 ]
+# The producer form, paired with the same shapes: 64/128/256-token tiles, one or two consumer warpgroups, splits.
+CONFIGS_PRODUCER = [
+    TileConfig(256, 128, WGMMA_BLOCK_K, 8, 3, 1, kernel="wgmma", producer=True),
+    TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, 3, kernel="wgmma", producer=True),
+    TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 2, kernel="wgmma", producer=True),
+    TileConfig(256, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", producer=True),
+    TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 1, kernel="wgmma", producer=True),
+    TileConfig(128, 64, WGMMA_BLOCK_K, 4, 4, 8, kernel="wgmma", producer=True),
+    TileConfig(256, 128, WGMMA_BLOCK_K, 8, 3, 2, kernel="wgmma", producer=True),
+    TileConfig(64, 64, WGMMA_BLOCK_K, 4, 2, 1, kernel="wgmma", producer=True),
+]
 CASES = [(shape, config, symmetric, dtype)
-         for (shape, config), symmetric, dtype in itertools.product(zip(SHAPES, CONFIGS, strict=True), (True, False),
+         for configs in (CONFIGS, CONFIGS_PRODUCER)
+         for (shape, config), symmetric, dtype in itertools.product(zip(SHAPES, configs, strict=True), (True, False),
                                                                     (torch.float16, torch.bfloat16))]
 # Every config on every shape once more, in bf16 (the cases above pair each shape with one config).
 CASES += [(shape, config, i % 2 == 0, torch.bfloat16)
-          for i, (shape, config) in enumerate(itertools.product(SHAPES, CONFIGS))]
+          for i, (shape, config) in enumerate(itertools.product(SHAPES, CONFIGS + CONFIGS_PRODUCER))]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
 @pytest.mark.parametrize(("shape", "config", "symmetric", "dtype"), CASES,
                          ids=[f"M{s[0]}N{s[1]}K{s[2]}g{s[3]}-{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}"
-                              f"k{c.split_k}{'G' if c.x_gather else ''}-{'sym' if y else 'asym'}-{d}".replace("torch.", "")
+                              f"k{c.split_k}{'G' if c.x_gather else ''}{'P' if c.producer else ''}-{'sym' if y else 'asym'}-{d}".replace("torch.", "")
                               for s, c, y, d in CASES])
 def test_wgmma_kernel(shape, config, symmetric, dtype, generator):
     from w4a16.triton.gemm_kernel import launch_gemm

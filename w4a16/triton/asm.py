@@ -97,7 +97,14 @@ def _compile_wgmma(arch: str, config: TileConfig, dtype: str, group_size: int, s
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .wgmma_kernel import BLOCK_K, w4a16_wgmma_kernel, x_layout_for
+    from .wgmma_kernel import (
+        BLOCK_K,
+        W_TILE_LAYOUT,
+        producer_max_registers,
+        w4a16_wgmma_kernel,
+        w4a16_wgmma_ws_kernel,
+        x_layout_for,
+    )
 
     if arch != "sm_90":
         raise ValueError(f"the wgmma kernel compiles for sm_90 only, not {arch} (config {config})")
@@ -105,25 +112,33 @@ def _compile_wgmma(arch: str, config: TileConfig, dtype: str, group_size: int, s
     x_tile = f"{dtype}[{config.block_m}, {BLOCK_K}]"
     layout = x_layout_for(config.block_m, {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype])
     x_desc = "constexpr" if config.x_gather else f"tensordesc<{x_tile},{layout!r}>"
-    signature = {
-        "x_ptr": f"*{dtype}", "x_desc": x_desc, "qw_ptr": "*i32", "scales_ptr": f"*{dtype}", "zeros_ptr": "*u8",
-        "bias_ptr": f"*{dtype}", "out_ptr": "*fp32" if config.split_k > 1 else f"*{dtype}",
-        "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "split_stride": "i32",
-        **{name: "constexpr" for name in ("GROUP_SIZE", "HAS_ZEROS", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "STAGES",
-                                          "SPLIT_K", "WARPS", "X_GATHER")},
-    }
+    pointers = {"scales_ptr": f"*{dtype}", "zeros_ptr": "*u8", "bias_ptr": f"*{dtype}",
+                "out_ptr": "*fp32" if config.split_k > 1 else f"*{dtype}"}
     constexprs = {
-        **({"x_desc": None} if config.x_gather else {}),
         "GROUP_SIZE": group_size, "HAS_ZEROS": not symmetric, "HAS_BIAS": has_bias, "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n, "STAGES": config.num_stages, "SPLIT_K": config.split_k,
-        "WARPS": config.num_warps, "X_GATHER": config.x_gather,
+        "WARPS": config.num_warps,
     }
+    options = {"num_warps": config.num_warps}
+    if config.producer:
+        kernel = w4a16_wgmma_ws_kernel
+        signature = {"x_desc": x_desc, "w_desc": f"tensordesc<i32[{config.block_n}, {BLOCK_K // 8}],{W_TILE_LAYOUT!r}>",
+                     **pointers, "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32", "split_stride": "i32"}
+        options["maxnreg"] = producer_max_registers(config.block_m, config.num_warps, config.num_stages)
+    else:
+        kernel = w4a16_wgmma_kernel
+        signature = {"x_ptr": f"*{dtype}", "x_desc": x_desc, "qw_ptr": "*i32", **pointers,
+                     "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "split_stride": "i32"}
+        constexprs["X_GATHER"] = config.x_gather
+        if config.x_gather:
+            constexprs["x_desc"] = None
+    signature.update({name: "constexpr" for name in constexprs if name != "x_desc"})
     names = list(signature)
     aligned = ("x_ptr", "qw_ptr", "scales_ptr", "zeros_ptr", "bias_ptr", "out_ptr", "N", "K", "stride_xm",
                "stride_om")
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    source = GluonASTSource(w4a16_wgmma_kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=target_for(arch), options={"num_warps": config.num_warps})
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned if a in names}
+    source = GluonASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=target_for(arch), options=options)
 
 
 def _tool(name: str) -> str:

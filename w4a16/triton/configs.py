@@ -2,7 +2,8 @@
 
 A table holds:
 - `meta`: how it was made (tool, triton version, date, device, method).
-- `defaults`: values for keys a config leaves out (`num_stages`, `split_k`, `w_left`, `kernel`, `x_gather`).
+- `defaults`: values for keys a config leaves out (`num_stages`, `split_k`, `w_left`, `kernel`, `x_gather`,
+  `producer`).
 - `buckets`: a list of `{"m": M, "rules": [{"when": RULE, "config": {...}}, ...]}`, sorted by m. A call with M rows
   uses the nearest bucket at or above M (the largest bucket beyond the last), so a bucket key reads "M <= m", the
   way the public AMD tunings are written. Inside a bucket the first rule whose shape condition holds wins.
@@ -53,7 +54,9 @@ class TileConfig:
     w_left (fused): compute the transposed product out^T = W x^T (the dequantized weight is the left `tl.dot`
     operand; see gemm_kernel.py). split_k: programs along K whose fp32 partial sums a second kernel adds in split
     order (for small M, where M x N alone gives too few programs). x_gather (wgmma): read x in natural order with
-    4-byte loads instead of permuting it into a copy first (saves a kernel at small M)."""
+    4-byte loads instead of permuting it into a copy first (saves a kernel at small M). producer (wgmma): the
+    warp-specialized form, one producer warp feeding x and the packed weights by TMA to the num_warps consumer
+    warps (BLOCK_M 64, 128 or 256 tokens, 4 or 8 consumer warps; for large M)."""
 
     block_m: int
     block_n: int
@@ -64,17 +67,31 @@ class TileConfig:
     w_left: bool = False
     kernel: str = "fused"
     x_gather: bool = False
+    producer: bool = False
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"tile config kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.kernel == "fused":
-            if self.x_gather:
-                raise ValueError("x_gather applies to the wgmma kernel only")
+            if self.x_gather or self.producer:
+                raise ValueError("x_gather and producer apply to the wgmma kernel only")
             return
         problems = []
         if self.block_k != WGMMA_BLOCK_K:
             problems.append(f"BLOCK_K={self.block_k} (must be {WGMMA_BLOCK_K})")
+        if self.producer:
+            if self.num_warps not in (4, 8) or self.block_n != 16 * self.num_warps:
+                problems.append(f"BLOCK_N={self.block_n}, num_warps={self.num_warps} (the producer form needs 4 or "
+                                f"8 consumer warps and BLOCK_N = 16 * num_warps)")
+            if self.block_m not in (64, 128, 256):
+                problems.append(f"BLOCK_M={self.block_m} (the producer form takes 64, 128 or 256)")
+            if self.num_stages < 2:
+                problems.append(f"num_stages={self.num_stages} (at least 2)")
+            if self.x_gather:
+                problems.append("x_gather with producer (the producer form reads x by TMA)")
+            if problems:
+                raise ValueError(f"invalid wgmma tile config: {'; '.join(problems)}")
+            return
         if self.num_warps not in (4, 8, 16) or self.block_n != 16 * self.num_warps:
             problems.append(f"BLOCK_N={self.block_n}, num_warps={self.num_warps} (need num_warps 4, 8 or 16 and "
                             f"BLOCK_N = 16 * num_warps)")
@@ -94,12 +111,13 @@ class TileConfig:
     def from_json(cls, entry: dict, defaults: dict) -> TileConfig:
         merged = {**defaults, **entry}
         unknown = set(merged) - {"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "split_k", "w_left",
-                                 "kernel", "x_gather"}
+                                 "kernel", "x_gather", "producer"}
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)} in tile config {entry}")
         return cls(merged["BLOCK_M"], merged["BLOCK_N"], merged["BLOCK_K"], merged["num_warps"],
                    merged.get("num_stages", 1), merged.get("split_k", 1), bool(merged.get("w_left", False)),
-                   merged.get("kernel", "fused"), bool(merged.get("x_gather", False)))
+                   merged.get("kernel", "fused"), bool(merged.get("x_gather", False)),
+                   bool(merged.get("producer", False)))
 
     def to_json(self) -> dict:
         entry = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
@@ -108,6 +126,8 @@ class TileConfig:
             entry["w_left"] = self.w_left
         else:
             entry.update(kernel=self.kernel, x_gather=self.x_gather)
+            if self.producer:  # written only where set, so the tables without it read as before
+                entry["producer"] = True
         return entry
 
     def for_group(self, group_size: int) -> TileConfig:
