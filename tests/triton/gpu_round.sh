@@ -3,13 +3,17 @@
 #   1. GPU correctness tests (fp16 + bf16, model shapes, odd shapes, both routes)
 #   2. the tuner (writes the arch's table and every timing) unless SKIP_TUNE=1
 #   3. the comparison table: ours (table pick), dequant_blas, torch bf16 at M = 16, 128, 512, 2048
+#   4. compute-sanitizer memcheck and synccheck on the wgmma kernel's producer form
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
-timeout ${PYTEST_S:-80} python3 -m pytest -q -x tests/triton --ignore=tests/triton/test_aot.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
+timeout ${PYTEST_S:-330} python3 -m pytest -q -x tests/triton --ignore=tests/triton/test_aot.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
 if [ "${SKIP_TUNE:-0}" != 1 ]; then
-  timeout ${TUNE_S:-170} python3 -m w4a16.triton.tune --out "$OUT/sm_90.json" --results "$OUT/tune_results.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^    skip"
+  timeout ${TUNE_S:-480} python3 -m w4a16.triton.tune --out "$OUT/sm_90.json" --results "$OUT/tune_results.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^    skip"
   cp "$OUT/sm_90.json" w4a16/triton/configs/sm_90.json
 fi
-timeout ${COMPARE_S:-75} python3 -m w4a16.triton.compare --m 16,128,512,2048 --json "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
+timeout ${COMPARE_S:-300} python3 -m w4a16.triton.compare --m 16,128,512,2048 --json "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
+for tool in memcheck synccheck; do
+  compute-sanitizer --tool $tool --error-exitcode 3 python3 tests/triton/sanitize_wgmma.py 2>&1 | tail -3 | tee "$OUT/$tool.log"
+done

@@ -92,6 +92,16 @@ def test_bad_tables_are_rejected():
         TileConfig.from_json({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "stages": 2}, {})
 
 
+def test_every_shipped_config_survives_a_json_round_trip():
+    """to_json writes what from_json reads back (the tuner writes tables with to_json), producer form included."""
+    seen_producer = False
+    for arch in configs.SHIPPED_ARCHS + (configs.GENERIC,):
+        for config in load_table(arch).all_configs():
+            assert TileConfig.from_json(config.to_json(), {}) == config
+            seen_producer |= config.producer
+    assert seen_producer, "the sm_90 table selects the producer form"
+
+
 def test_unknown_arch_falls_back_to_generic_with_one_warning():
     configs.load_table.cache_clear()
     configs._warn_generic.cache_clear()

@@ -56,6 +56,21 @@ def test_bad_wgmma_configs_are_rejected(fields, message):
         TileConfig(64, 64, 64, 4, producer=True)
 
 
+def test_producer_register_budget_fits_the_register_file():
+    """maxnreg of the producer form: one CTA (the producer warp counts as a whole warpgroup) always fits the 64K
+    register file, and where the budget is sized for two CTAs per SM, their rings fit shared memory too."""
+    from w4a16.triton.wgmma_kernel import PRODUCER_REGISTERS, producer_max_registers
+
+    for block_m, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
+        regs = producer_max_registers(block_m, warps, stages)
+        threads = 32 * (warps + 4)
+        ring = stages * (block_m * WGMMA_BLOCK_K * 2 + 16 * warps * WGMMA_BLOCK_K // 2)
+        case = (block_m, warps, stages, regs)
+        assert regs % 8 == 0 and PRODUCER_REGISTERS < regs <= 232 and regs * threads <= 65536, case
+        if 2 * regs * threads <= 65536:
+            assert 2 * ring <= 227 * 1024, case
+
+
 # (M, N, K, G): remainders in M against 16..128-token tiles, in N against 64/128 weight rows, K not a multiple of
 # the 128-wide K tile (G = 32, 64), and splits that leave the last split empty.
 SHAPES = [(1, 40, 256, 128), (17, 72, 160, 32), (33, 200, 448, 64), (130, 130, 1056, 32), (64, 4096, 640, 128),

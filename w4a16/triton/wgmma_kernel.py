@@ -31,6 +31,13 @@ different registers: ptxas serializes every wgmma if an operand register is rede
 still read it. With several warpgroups (8 or 16 warps) a stage is refilled only after a barrier that every
 warpgroup reaches after its wgmma on that stage has completed.
 
+Producer form (config.producer, w4a16_wgmma_ws_kernel below). The same operand and dequantization, but one extra
+warp (Gluon's warp_specialize) issues every copy: x and the packed weight tile both by TMA, into a ring whose stages
+carry a "ready" and an "empty" mbarrier. The consumer warps only wait, dequantize, multiply and release stages, and
+the registers the producer warp gives back allow 256-token tiles (acc 64 x 256 per warpgroup). The tuner offers it
+from M = 128; in its run on the H200 the form's best config beat every other config at each case from M = 128
+(PERF.md).
+
 split_k > 1 works as in gemm_kernel.py: fp32 slices of a workspace, added in split order by add_splits.
 """
 
@@ -283,10 +290,9 @@ def w4a16_wgmma_kernel(
 # The warp-specialized form (config.producer). One producer warp copies each K tile's x (the operand-ordered copy)
 # and packed weights by TMA into a ring of stages, completing the stage's "ready" mbarrier; the consumer warps (one
 # or two warpgroups) wait on it, read the words into the operand layout, dequantize, issue the wgmma, and release
-# the stage of the tile before through its "empty" mbarrier once that tile's wgmma is done. The consumers then do no
-# copy issue, no address arithmetic for the weights and no CTA barrier per tile, and the copies run up to the whole
-# ring ahead. That, and 256-token tiles (which need the registers the producer gives back), measured 5-21% faster
-# than the form above from M = 512 on the H200 (PERF.md).
+# the stage of the tile before through its "empty" mbarrier once that tile's wgmma is done. The consumers then issue
+# no copies and do no address arithmetic for them, and the copies run up to the whole ring ahead. With it and
+# 256-token tiles the tuner's best per case was 1.02-1.39x faster at M = 128..4096 on the H200 (PERF.md).
 
 
 @gluon.jit
