@@ -13,6 +13,7 @@ import pytest
 import torch
 from w4a16_testing import assert_matches_reference, random_activation, random_weight
 
+import w4a16
 from w4a16.triton.configs import WGMMA_BLOCK_K, TileConfig
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -120,3 +121,22 @@ def test_wgmma_kernel(shape, config, symmetric, dtype, generator):
     bias = torch.randn(n, generator=generator).to(dtype=dtype, device="cuda") if (m + n) % 2 == 0 else None
     out = launch_gemm(x, qw, bias, config, out=torch.full((m, n), float("nan"), dtype=dtype, device="cuda"))
     assert_matches_reference(out, x, qw, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+def test_producer_form_reads_a_misaligned_weight_view(generator):
+    """TMA needs a 16-byte aligned base: a packed weight viewed 4 bytes into a larger buffer still works."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k, g = 130, 200, 512, 64
+    qw = random_weight(n, k, g, False, torch.bfloat16, "cuda", generator)
+    buffer = torch.empty(n * k // 8 + 1, dtype=torch.int32, device="cuda")
+    view = buffer[1:].view(n, k // 8)
+    view.copy_(qw.qweight)
+    assert view.data_ptr() % 16 != 0
+    shifted = w4a16.QuantizedWeight(view, qw.scales, qw.zeros, g)
+    x = random_activation(m, k, torch.bfloat16, "cuda", generator)
+    config = TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", producer=True)
+    out = launch_gemm(x, shifted, None, config, out=torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda"))
+    assert_matches_reference(out, x, shifted)

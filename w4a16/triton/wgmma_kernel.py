@@ -287,6 +287,7 @@ def w4a16_wgmma_kernel(
     _store(acc, bias_ptr, out_ptr, M, N, stride_om, split_stride, pid_n, pid_m, pid_k, HAS_BIAS, BLOCK_M, BLOCK_N,
            SPLIT_K, WARPS)
 
+
 # The warp-specialized form (config.producer). One producer warp copies each K tile's x (the operand-ordered copy)
 # and packed weights by TMA into a ring of stages, completing the stage's "ready" mbarrier; the consumer warps (one
 # or two warpgroups) wait on it, read the words into the operand layout, dequantize, issue the wgmma, and release
@@ -442,6 +443,8 @@ def weight_descriptor(qweight: torch.Tensor, block_n: int):
     rows past N and words past K // 8 read as zeros."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    if qweight.data_ptr() % 16:  # TMA needs a 16-byte aligned base; a view into a larger buffer may not have one
+        qweight = qweight.clone()
     return TensorDescriptor.from_tensor(qweight, [block_n, BLOCK_K // 8], W_TILE_LAYOUT)
 
 
