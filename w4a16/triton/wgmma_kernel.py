@@ -79,6 +79,22 @@ _DEQUANT_BF16 = gl.constexpr(ptx_dequant_asm(True))
 _DEQUANT_FP16 = gl.constexpr(ptx_dequant_asm(False))
 
 
+@triton.constexpr_function
+def _words_layout(block_n, warps, split_words):
+    """Where the packed words of a K tile live in the operand layout: lane (g, t) of a warp holds words 4t..4t+3 of
+    rows g and g + 8 of the warp's 16 rows. With split_words the tile is [block_n, 4 (lane t), 4 (word w)], else
+    [block_n, 16] words (the TMA tile of the producer form); the registers are the same."""
+    if split_words:
+        row, word = (lambda r: [r, 0, 0]), (lambda w: [0, w // 4, w % 4])
+        shape = [block_n, 4, 4]
+    else:
+        row, word = (lambda r: [r, 0]), (lambda w: [0, w])
+        shape = [block_n, 16]
+    return gl.DistributedLinearLayout(
+        reg_bases=[word(1), word(2), row(8)], lane_bases=[word(4), word(8), row(1), row(2), row(4)],
+        warp_bases=[row(16 << i) for i in range(warps.bit_length() - 1)], block_bases=[], shape=shape)
+
+
 @gluon.jit
 def _operand(words, scale, zero, DTYPE: gl.constexpr, HAS_ZEROS: gl.constexpr, a_layout: gl.constexpr):
     """Packed words [BN, 4 (t), 4 (w)] -> the dequantized operand [BN, BLOCK_K] in a_layout, in place (no data
@@ -208,13 +224,7 @@ def w4a16_wgmma_kernel(
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-    # Packed words of a tile as [BLOCK_N, 4 (lane t), 4 (word w)]: lane (g, t) holds words 4t..4t+3 of its rows.
-    w_layout: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]] + ([[64, 0, 0]] if WARPS >= 8 else [])
-        + ([[128, 0, 0]] if WARPS == 16 else []),
-        block_bases=[], shape=[BLOCK_N, 4, 4])
+    w_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, True)
     meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)  # [BLOCK_N, 4]: one scale per row and lane chunk
 
     # Rows past N are clamped to the last row: loaded and computed like any other, never stored.
@@ -335,16 +345,8 @@ def _consume(x_ring, w_ring, ready, empty, s_ptr, z_ptr, rows, t0, n_t, K, BLOCK
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-    # The operand layout of the packed words, as in w4a16_wgmma_kernel, and the same registers seen as the
-    # [BLOCK_N, 16] words of the TMA tile.
-    w_layout: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]] + ([[64, 0, 0]] if WARPS == 8 else []),
-        block_bases=[], shape=[BLOCK_N, 4, 4])
-    words_layout: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]] + ([[64, 0]] if WARPS == 8 else []), block_bases=[], shape=[BLOCK_N, 16])
+    w_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, True)
+    words_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, False)  # the same registers as the TMA tile's
     meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
     meta_off = gl.expand_dims(gl.convert_layout(rows, gl.SliceLayout(1, meta_layout)), 1) * (K // GROUP_SIZE)
     lane_k = gl.arange(0, 4, layout=gl.SliceLayout(0, meta_layout))[None, :] * 32
