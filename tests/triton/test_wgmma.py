@@ -19,19 +19,35 @@ from w4a16.triton.configs import WGMMA_BLOCK_K, TileConfig
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def _documented_operand_order(x: torch.Tensor) -> torch.Tensor:
+    """The operand order column by column: column 16b + 8s + 2t + e of a 128-wide tile holds physical k = 32t + 4b
+    + 2s + e, zero past K."""
+    m, k = x.shape
+    tiles = -(-k // 128)
+    physical = torch.tensor([tile * 128 + 32 * (c // 2 % 4) + 4 * (c // 16) + 2 * (c // 8 % 2) + c % 2
+                             for tile in range(tiles) for c in range(128)], device=x.device)
+    padded = torch.nn.functional.pad(x, (0, tiles * 128 - k))
+    return padded[:, physical]
+
+
 def test_operand_order_is_the_documented_permutation():
     from w4a16.triton.wgmma_kernel import operand_order
 
     m, k = 3, 2 * 128 + 32  # a partial last tile: zero padded
     x = torch.arange(1, m * k + 1, dtype=torch.float32).reshape(m, k)
-    ordered = operand_order(x)
-    assert ordered.shape == (m, 3 * 128)
-    for col in range(ordered.shape[1]):
-        tile, c = divmod(col, 128)
-        b, s, t, e = c // 16, c // 8 % 2, c // 2 % 4, c % 2
-        physical = tile * 128 + 32 * t + 4 * b + 2 * s + e
-        want = x[:, physical] if physical < k else torch.zeros(m)
-        assert torch.equal(ordered[:, col], want), (col, physical)
+    assert torch.equal(operand_order(x), _documented_operand_order(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the operand-order kernel runs on a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_operand_order_kernel_matches_the_documented_permutation(dtype, generator):
+    from w4a16.triton.wgmma_kernel import operand_order
+
+    for m, k in [(1, 32), (17, 160), (64, 4096), (130, 2592)]:
+        # Rows of a wider tensor (a row stride other than K) with K not always a multiple of the 128-wide tile.
+        wide = torch.randn(m, k + 96, generator=generator).to(dtype=dtype, device="cuda")
+        x = wide[:, 64:64 + k]
+        assert torch.equal(operand_order(x), _documented_operand_order(x)), (m, k)
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -47,6 +47,7 @@ import functools
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -77,6 +78,12 @@ _PRODUCER_REGISTERS = gl.constexpr(PRODUCER_REGISTERS)
 
 _DEQUANT_BF16 = gl.constexpr(ptx_dequant_asm(True))
 _DEQUANT_FP16 = gl.constexpr(ptx_dequant_asm(False))
+
+
+@triton.constexpr_function
+def _mma_layout(block_m, warps):
+    """The accumulator [BLOCK_N, BLOCK_M]: weight rows are wgmma's M (64 per warpgroup), tokens its N."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_m, 16])
 
 
 @triton.constexpr_function
@@ -221,8 +228,7 @@ def w4a16_wgmma_kernel(
     pid_k = gl.program_id(2)
 
     # Layouts. Weight rows: 16 per warp (64 per warpgroup), rows g and g + 8 in lane group g.
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                         instr_shape=[16, BLOCK_M, 16])
+    mma_layout: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     w_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, True)
     meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)  # [BLOCK_N, 4]: one scale per row and lane chunk
@@ -342,8 +348,7 @@ def _consume_tile(acc, scale, zero, i, t0, n_t, x_ring, w_ring, ready, empty, s_
 def _consume(x_ring, w_ring, ready, empty, s_ptr, z_ptr, rows, t0, n_t, K, BLOCK_M: gl.constexpr,
              WARPS: gl.constexpr, DTYPE: gl.constexpr, GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr):
     BLOCK_N: gl.constexpr = w_ring.type.shape[1]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                         instr_shape=[16, BLOCK_M, 16])
+    mma_layout: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     w_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, True)
     words_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, False)  # the same registers as the TMA tile's
@@ -415,11 +420,31 @@ def producer_max_registers(block_m: int, num_warps: int, num_stages: int) -> int
     return min(232, 65536 // (32 * (num_warps + 4) * ctas) // 8 * 8)
 
 
+@triton.jit
+def operand_order_kernel(x_ptr, out_ptr, M, K, stride_xm, stride_om, BLOCK_R: tl.constexpr):
+    """One [BLOCK_R, 128] tile of operand_order: loaded in physical order, permuted in registers, stored in operand
+    order, so both sides are whole-row vector accesses."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    k = tl.program_id(1) * 128 + tl.arange(0, 128)
+    tile = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K),
+                   other=0.0)
+    tile = tl.reshape(tile, [BLOCK_R, 4, 8, 2, 2])  # physical k = 32t + 4b + 2s + e: [r, t, b, s, e]
+    tile = tl.reshape(tl.permute(tile, [0, 2, 3, 1, 4]), [BLOCK_R, 128])  # [r, b, s, t, e]: 16b + 8s + 2t + e
+    tl.store(out_ptr + rows[:, None] * stride_om + k[None, :], tile, mask=rows[:, None] < M)
+
+
 def operand_order(x2d: torch.Tensor) -> torch.Tensor:
     """x [M, K] -> [M, K rounded up to 128] with each 128-wide tile in the kernel's operand order (zero padded):
-    column 16b + 8s + 2t + e of a tile holds physical k = 32t + 4b + 2s + e."""
+    column 16b + 8s + 2t + e of a tile holds physical k = 32t + 4b + 2s + e. On a GPU one Triton kernel does it
+    (torch's strided copy of the same permutation took 2.2-7.1 µs at M = 64..128, PERF.md); elsewhere torch."""
     m, k = x2d.shape
     padded = triton.cdiv(k, BLOCK_K) * BLOCK_K
+    if x2d.is_cuda:
+        out = torch.empty((m, padded), dtype=x2d.dtype, device=x2d.device)
+        block_r = 16
+        operand_order_kernel[(triton.cdiv(m, block_r), padded // BLOCK_K)](
+            x2d, out, m, k, x2d.stride(0), out.stride(0), BLOCK_R=block_r, num_warps=4)
+        return out
     if padded != k:
         x2d = torch.nn.functional.pad(x2d, (0, padded - k))
     return x2d.view(m, padded // BLOCK_K, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, padded)
