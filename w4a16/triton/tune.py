@@ -48,7 +48,7 @@ def smem_bytes(c: TileConfig) -> int:
 
 def wgmma_candidates(m: int) -> list[TileConfig]:
     """The Hopper wgmma kernel's space for bucket m: tokens per tile, one, two or four warpgroups, split-K, x by TMA
-    or gathered, and from M = 128 the warp-specialized (producer) form."""
+    or gathered, and from M = 64 the warp-specialized (producer) form."""
     bm = min(max(16, m), 128)
     out = []
     if m >= 64:  # four warpgroups share each x tile (64 tokens: 128 would leave too few registers)
@@ -67,11 +67,14 @@ def wgmma_candidates(m: int) -> list[TileConfig]:
     else:
         out += [TileConfig(bm, 64, WGMMA_BLOCK_K, 4, 3, kernel="wgmma"),
                 TileConfig(bm, 128, WGMMA_BLOCK_K, 8, 4, kernel="wgmma")]
-    if m >= 128:  # the producer form (one TMA warp feeding the consumer warps), 256-token tiles from M = 256
-        shapes = [(64, 4, 4), (128, 4, 3), (128, 4, 4)] if m <= 128 else [(128, 4, 3), (128, 4, 4), (128, 8, 4)]
+    if m >= 64:  # the producer form (one TMA warp feeding the consumer warps), 256-token tiles from M = 256
+        if m <= 64:  # few weight tiles: the splits of the non-producer configs (PERF.md)
+            shapes, splits = [(64, 4, 4)], (1, 2, 3, 4, 6)
+        else:
+            shapes = [(64, 4, 4), (128, 4, 3), (128, 4, 4)] if m <= 128 else [(128, 4, 3), (128, 4, 4), (128, 8, 4)]
+            splits = (1, 2, 3) if m <= 256 else (1, 2)
         if m >= 256:
             shapes += [(256, 4, 3), (256, 8, 3)]
-        splits = (1, 2, 3) if m <= 256 else (1, 2)
         for (tokens, warps, stages), split in itertools.product(shapes, splits):
             out.append(TileConfig(tokens, 16 * warps, WGMMA_BLOCK_K, warps, stages, split, kernel="wgmma",
                                   producer=True))
