@@ -56,7 +56,7 @@ class TileConfig:
     order (for small M, where M x N alone gives too few programs). x_gather (wgmma): read x in natural order with
     4-byte loads instead of permuting it into a copy first (saves a kernel at small M). producer (wgmma): the
     warp-specialized form, one producer warp feeding x and the packed weights by TMA to the num_warps consumer
-    warps (BLOCK_M 64, 128 or 256 tokens, 4 or 8 consumer warps; for large M)."""
+    warps (BLOCK_M 64, 128 or 256 tokens, 4 or 8 consumer warps; the sm_90 table's pick from M = 64)."""
 
     block_m: int
     block_n: int
