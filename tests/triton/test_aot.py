@@ -83,3 +83,17 @@ def test_asm_command(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "BLOCK_K=64" in proc.stdout and "v_wmma_" in proc.stdout and "spills 0" in proc.stdout, proc.stdout
     assert list(tmp_path.glob("*.s")), list(tmp_path.iterdir())
+
+
+def test_producer_form_gives_the_producer_warp_its_registers(compiled):
+    """The warp-specialized configs re-split the register file (setmaxnreg) so the producer warp keeps
+    PRODUCER_REGISTERS and the consumers get the rest; no other config moves registers."""
+    from w4a16.triton.wgmma_kernel import PRODUCER_REGISTERS
+
+    hopper = [c for c in compiled if c["arch"] == "sm_90" and "error" not in c]
+    assert any(c["config"].get("producer") for c in hopper), "the sm_90 table selects no producer-form config"
+    for case in hopper:
+        if case["config"].get("producer"):
+            assert PRODUCER_REGISTERS in case["setmaxnreg"], case
+        else:
+            assert not case["setmaxnreg"], case

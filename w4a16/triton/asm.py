@@ -192,10 +192,12 @@ def summarize(arch: str, compiled) -> dict:
             usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], check=True,
                                    capture_output=True, text=True).stdout
         fields = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", usage))
+        # A warp-specialized kernel launches with `registers` per thread, then moves warp groups up or down.
+        setmaxnreg = sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", text)})
         info.update(kind="ptx", registers=int(fields.get("REG", -1)), stack_bytes=int(fields.get("STACK", -1)),
                     local_bytes=int(fields.get("LOCAL", -1)),
                     spills=int(fields.get("STACK", 0)) + int(fields.get("LOCAL", 0)),
-                    wgmma_serialized=_wgmma_serialized(arch, text))
+                    wgmma_serialized=_wgmma_serialized(arch, text), setmaxnreg=setmaxnreg)
     counts: dict[str, int] = {}
     for name in matrix:
         counts[name] = counts.get(name, 0) + 1
@@ -210,7 +212,10 @@ def summary_text(info: dict) -> str:
                f"scratch {info['scratch_bytes']} B, LDS {info['lds_bytes']} B"
     else:
         serialized = info["wgmma_serialized"]
-        regs = f"registers {info['registers']}, spills/stack {info['stack_bytes']} B, local {info['local_bytes']} B, " \
+        registers = f"registers {info['registers']}"
+        if info.get("setmaxnreg"):
+            registers += f" at launch, then {min(info['setmaxnreg'])}..{max(info['setmaxnreg'])} per warp group"
+        regs = f"{registers}, spills/stack {info['stack_bytes']} B, local {info['local_bytes']} B, " \
                f"shared {info['shared_bytes']} B" + (f", wgmma SERIALIZED by ptxas ({', '.join(serialized)})"
                                                      if serialized else "")
     return f"matrix instructions: {mma}\n{regs}"
