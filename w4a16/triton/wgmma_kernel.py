@@ -422,14 +422,14 @@ def producer_max_registers(block_m: int, num_warps: int, num_stages: int) -> int
 
 @triton.jit
 def operand_order_kernel(x_ptr, out_ptr, M, K, stride_xm, stride_om, BLOCK_R: tl.constexpr):
-    """One [BLOCK_R, 128] tile of operand_order: loaded in physical order, permuted in registers, stored in operand
-    order, so both sides are whole-row vector accesses."""
+    """One [BLOCK_R, BLOCK_K] tile of operand_order: loaded in physical order, permuted in registers, stored in
+    operand order, so both sides are whole-row vector accesses."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    k = tl.program_id(1) * 128 + tl.arange(0, 128)
+    k = tl.program_id(1) * _BK + tl.arange(0, _BK)
     tile = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K),
                    other=0.0)
     tile = tl.reshape(tile, [BLOCK_R, 4, 8, 2, 2])  # physical k = 32t + 4b + 2s + e: [r, t, b, s, e]
-    tile = tl.reshape(tl.permute(tile, [0, 2, 3, 1, 4]), [BLOCK_R, 128])  # [r, b, s, t, e]: 16b + 8s + 2t + e
+    tile = tl.reshape(tl.permute(tile, [0, 2, 3, 1, 4]), [BLOCK_R, _BK])  # [r, b, s, t, e]: 16b + 8s + 2t + e
     tl.store(out_ptr + rows[:, None] * stride_om + k[None, :], tile, mask=rows[:, None] < M)
 
 
