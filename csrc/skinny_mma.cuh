@@ -24,8 +24,8 @@
 // Work split. A cluster of 1, 2 or 4 blocks (the launcher picks; skinny_kernel.cu) owns a balanced contiguous range
 // of 16-row tiles and walks it kSplitKTileRows rows (a round) at a time. Its blocks split the k-steps, and each
 // block's kWarps warps split the block's k-steps (contiguous, balanced). Each warp keeps the weights of its next
-// kPipelineDepth - 1 (rows, k-step) units in flight while computing the current one, across row boundaries, so
-// the weight stream does not drain at the end of a round. The warps' partial sums meet in shared memory, the
+// (rows, k-step) units in flight in a ring of kPipelineDepth register slots, across row boundaries, so the weight
+// stream does not drain at the end of a round; a slot is refilled right after its unit is computed (see the loop). The warps' partial sums meet in shared memory, the
 // blocks' sums in distributed shared memory; bias and the cast happen in that reduction. Clusters pay off where
 // x is large (M * K): each block stages only the part of x its k-steps read (csrc/PERF.md).
 //
@@ -48,7 +48,7 @@ constexpr int kSubTiles = kSplitKTileRows / 16;  // 16-row mma tiles per warp an
 constexpr int kStepK = 128;                      // 4 lanes x 32 k
 // Units (one k-step of 32 rows, 64 bytes of weights per lane) held per warp, the one being computed included.
 // 3 units at 12 warps (168 registers) measured best of 8, 12 and 16 warps at depths 2-4 (csrc/PERF.md); 16 warps
-// cannot hold a third unit in 128 registers without spilling.
+// cannot hold a third unit in 128 registers without spilling, and a fourth does not fit 12 warps' 168.
 constexpr int kPipelineDepth = 3;
 // Independent accumulators per sub-tile for a unit's 8 mmas: 2 measured 0-2% faster than 1, 4 no better.
 constexpr int kMmaChains = 2;
@@ -119,9 +119,8 @@ struct Unit {
   uint8_t zero[kSubTiles][2];
 };
 
-// Every load is unconditional: a conditional load would make the compiler merge its destination registers with
-// the other branch's, and that merge waits for the load, which ends the pipelining. Past the end of K (G < 128,
-// K % 128 != 0) a lane reads the row's last chunk instead; its activations are zero (mma_unit).
+// No load is predicated per lane: past the end of K (G < 128, K % 128 != 0) a lane reads the row's last chunk
+// instead, and its activations are zero (mma_unit).
 template <int G, bool kSymmetric>
 __device__ __forceinline__ void load_unit(Unit& u, const Rows& r, const Words4* __restrict__ qweight,
                                           const uint16_t* __restrict__ scales, const uint8_t* __restrict__ zeros,
@@ -295,6 +294,58 @@ __device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* 
   cluster_sync();  // the peers' round sums and this block's partials are rewritten next; the reads come first
 }
 
+// Staging x. A warp stages the (row m, k-step) slices of x that its own k-steps read: 256 bytes each, 16 pieces of
+// 16 bytes. The warp's M * steps * 16 pieces are dealt to its lanes in turn, kStageLoads per lane in flight; the 16
+// lanes holding one slice add up its 128 values with shuffles (the sum of x per k-step, for the G = 128 correction).
+// Spreading the pieces over all lanes measured 5-13% faster at M = 1 than a lane per slice (csrc/PERF.md): that
+// issued 16 loads and summed 128 values in one lane, and at M = 1 only a few lanes of each warp had a slice.
+constexpr int kSlicePieces = kStepK * 2 / 16;
+constexpr int kStageLoads = 4;
+
+struct XPieces {
+  Words4 v[kStageLoads];
+};
+
+// Loads the pieces base .. base + 32 * kStageLoads - 1 of this warp's slices (none past the last, and zeros for
+// chunks past K when G < 128).
+template <int G, int M>
+__device__ __forceinline__ void load_x_pieces(XPieces& p, const uint16_t* __restrict__ x, int base, int step_begin,
+                                              int steps, int k, int chunks, int lane) {
+  const int pieces = M * steps * kSlicePieces;
+#pragma unroll
+  for (int r = 0; r < kStageLoads; ++r) {
+    const int i = base + r * 32 + lane, slice = i / kSlicePieces, piece = i % kSlicePieces;
+    const int m = slice / steps, step = step_begin + slice - m * steps;
+    const bool live = i < pieces && (G == kStepK || step * 4 + piece / 4 < chunks);
+    p.v[r] = live ? reinterpret_cast<const Words4*>(x + (size_t)m * k)[step * kSlicePieces + piece]
+                  : Words4{{0u, 0u, 0u, 0u}};
+  }
+}
+
+// Stores what load_x_pieces loaded into xs and, with G = 128, the sums of its slices into sx.
+template <typename Tag, int G, int M>
+__device__ __forceinline__ void store_x_pieces(const XPieces& p, Words4* xs, float* sx, int base, int step_begin,
+                                               int steps, int chunks, int lane) {
+  const int pieces = M * steps * kSlicePieces;
+#pragma unroll
+  for (int r = 0; r < kStageLoads; ++r) {
+    if (base + r * 32 >= pieces) break;  // the same for the whole warp: the shuffles below see every lane
+    const int i = base + r * 32 + lane, slice = i / kSlicePieces, piece = i % kSlicePieces;
+    const int m = slice / steps, step = step_begin + slice - m * steps, c = step * 4 + piece / 4;
+    if (i < pieces && (G == kStepK || c < chunks)) xs[m * chunks * 4 + xs_piece(m, c, piece % 4)] = p.v[r];
+    if constexpr (G == kStepK) {
+      float sum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        sum += to_float(uint16_t(p.v[r].w[e] & 0xFFFFu), Tag{}) + to_float(uint16_t(p.v[r].w[e] >> 16), Tag{});
+      // A slice's 16 pieces sit in 16 consecutive lanes (pieces is a multiple of 16, base of 32).
+#pragma unroll
+      for (int mask = kSlicePieces / 2; mask >= 1; mask >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, mask);
+      if (i < pieces && piece == 0) sx[step * sum_columns(M) + m] = sum;
+    }
+  }
+}
+
 // kClustered: launched in clusters of more than one block. The single-block kernel is a separate instantiation
 // with none of the cluster code, so it keeps its registers and schedule.
 template <typename Tag, int G, bool kSymmetric, int M, bool kClustered>
@@ -335,11 +386,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int rounds = (row_end - row_begin + kSplitKTileRows - 1) / kSplitKTileRows;
 
   // A warp's work is one stream of units, round-major: (round 0, its first k-step), (round 0, next), ... The
-  // loads run kPipelineDepth - 1 units ahead of the mmas, in a ring of registers (static indices, see the loop).
+  // loads run up to kPipelineDepth units ahead of the mmas, in a ring of registers (static indices, see the loop).
   const int units = rounds * my_steps;
   int loaded = 0, load_round = 0, load_j = 0;  // the next unit to load
   Rows load_rows = rows_at(row_begin, row_end, chunks, groups, lane);
-  // Past its last unit a warp loads that unit again (cached): unconditional loads, see load_unit.
+  // A warp with fewer units than slots loads its last unit again to fill the ring (cached, never computed).
   auto load_next = [&](Unit& u) {
     load_unit<G, kSymmetric>(u, load_rows, qweight, scales, zeros, step_begin + load_j, chunks, lane);
     if (++loaded < units && ++load_j == my_steps) {
@@ -349,35 +400,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   Unit ring[kPipelineDepth];
-  // The first units' weights are in flight while the warp stages x.
+  // The first pieces of x are requested before the weights, so they do not queue behind them; the first units'
+  // weights are then in flight while the warp stages x.
+  XPieces x_pieces;
+  load_x_pieces<G, M>(x_pieces, x, 0, step_begin, my_steps, k, chunks, lane);
 #pragma unroll
-  for (int d = 0; d + 1 < kPipelineDepth; ++d) load_next(ring[d]);
+  for (int d = 0; d < kPipelineDepth; ++d) load_next(ring[d]);
 
-  // Each warp stages the part of x its own k-steps read, one (row, k-step) per lane at a time: 16 independent
-  // 16-byte loads, summed from registers (the correction term of the G = 128 path). No other warp reads that
-  // part, so a warp starts computing as soon as its own part is in, without a block-wide barrier (measured 0-6%
-  // faster than staging by the whole block; csrc/PERF.md).
-  // The last k-step may hold fewer than 4 chunks when G < 128.
-  for (int i = lane; i < M * my_steps; i += 32) {
-    const int m = i / my_steps, step = step_begin + i - m * my_steps;
-    const Words4* src = reinterpret_cast<const Words4*>(x + (size_t)m * k);
-    float sum = 0.f;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int c = step * 4 + u;
-      if (G == kStepK || c < chunks) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const Words4 v = src[c * 4 + j];
-          xs[m * chunks * 4 + xs_piece(m, c, j)] = v;
-          if constexpr (G == kStepK)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              sum += to_float(uint16_t(v.w[e] & 0xFFFFu), Tag{}) + to_float(uint16_t(v.w[e] >> 16), Tag{});
-        }
-      }
-    }
-    if constexpr (G == kStepK) sx[step * kSumColumns + m] = sum;
+  // Each warp stages the part of x its own k-steps read (load_x_pieces). No other warp reads that part, so a warp
+  // starts computing as soon as its own part is in, without a block-wide barrier (measured 0-6% faster than staging
+  // by the whole block; csrc/PERF.md).
+  for (int base = 0; base < M * my_steps * kSlicePieces; base += 32 * kStageLoads) {
+    if (base > 0) load_x_pieces<G, M>(x_pieces, x, base, step_begin, my_steps, k, chunks, lane);
+    store_x_pieces<Tag, G, M>(x_pieces, xs, sx, base, step_begin, my_steps, chunks, lane);
   }
   if constexpr (G == kStepK && kSumColumns > M)  // the padding column of an odd M
     for (int j = lane; j < my_steps; j += 32) sx[(step_begin + j) * kSumColumns + M] = 0.f;
@@ -394,15 +429,21 @@ __global__ void __launch_bounds__(kThreads, 1)
                                        cluster);
     return;
   }
-  // Unit i sits in ring[i % kPipelineDepth]: unrolling by the depth makes every index static. Before computing
-  // unit i, the slot of unit i - 1 receives unit i + kPipelineDepth - 1.
+  // Unit i sits in ring[i % kPipelineDepth]: unrolling by the depth makes every index static. Once unit i is
+  // computed, its slot receives unit i + kPipelineDepth.
+  // Why refill after computing, not before: ptxas gives every weight load one scoreboard, so the first use of a
+  // unit waits for all loads in flight. With the refill issued before the mma (the previous order), one slot of
+  // the unrolled loop used its unit right after issuing the next loads, and the warp waited for those too (on
+  // Llama gate_up at M = 1, 18% of ncu's stall samples sat on that use). A refill of the slot just read cannot
+  // move above those reads, and ptxas now waits once per pass over the ring, for the previous pass's loads.
+  // Measured 10% faster on Llama gate_up at M = 1 and 5 (csrc/PERF.md).
   int round = 0, j = 0;
   for (int base = 0; base < units; base += kPipelineDepth) {
 #pragma unroll
     for (int d = 0; d < kPipelineDepth; ++d) {
       if (base + d < units) {
-        load_next(ring[(d + kPipelineDepth - 1) % kPipelineDepth]);
         mma_unit<Tag, G, M>(acc, ring[d], xs, sx, step_begin + j, chunks, lane);
+        if (loaded < units) load_next(ring[d]);
         if (++j == my_steps) {
           finish_round<Tag, M, kClustered>(acc, partials, round_sums, round, rounds, row_begin, row_end, bias, out,
                                            n, cluster);
