@@ -1,0 +1,176 @@
+// Times the sm_90 skinny kernel without torch or the extension build, so that variants of its header can be
+// compared in seconds: build this file twice, against csrc/ and against an edited copy of skinny_mma.cuh placed in
+// a directory searched first, and run both in one device round. csrc/PERF.md ("Load order and x staging") gives
+// the figures it measured.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 [-I<dir of the variant header>] -Icsrc \
+//        -o /tmp/time_skinny tests/csrc/time_skinny.cu
+//   /tmp/time_skinny                      # the eight bench layers at M = 1 and 5, plus three fp16 G = 32 cases
+//   TIME_SKINNY_LAYER=llama_gate_up /tmp/time_skinny     # M = 1 of one layer (for ncu)
+//
+// Protocol as bench_skinny.py, but single-block launches only (no clusters): CUDA-graph replay over >= 512 MB of
+// weight copies, median of 15 replays. Each line ends with a checksum of the last call's output (a weighted sum and
+// the sum of magnitudes): a variant that computes the same thing in the same order prints the same checksum.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "skinny_mma.cuh"
+
+#define CHECK(x)                                                                      \
+  do {                                                                                \
+    cudaError_t e = (x);                                                              \
+    if (e != cudaSuccess) {                                                           \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));  \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+using namespace w4a16;
+
+__device__ __forceinline__ uint32_t mix(uint32_t h) {
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  h *= 3266489917u;
+  return h ^ (h >> 16);
+}
+
+// Random words: packed weights (every nibble pattern occurs).
+__global__ void fill_words(uint32_t* p, size_t words, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = mix((uint32_t)i * 2654435761u ^ seed);
+}
+
+// 16-bit floats (bf16 or fp16 bits) uniform in [lo, hi).
+template <typename Tag>
+__global__ void fill_floats(uint16_t* p, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float f = lo + (hi - lo) * (mix((uint32_t)i * 2654435761u ^ seed) & 0xFFFFFF) / 16777216.f;
+    p[i] = from_float(f, Tag{});
+  }
+}
+
+template <typename Tag>
+float host_float(uint16_t bits) {
+  if constexpr (std::is_same_v<Tag, Bf16Tag>) {
+    const uint32_t wide = (uint32_t)bits << 16;
+    float f;
+    std::memcpy(&f, &wide, 4);
+    return f;
+  } else {
+    return (float)*reinterpret_cast<const __half*>(&bits);
+  }
+}
+
+template <int M, typename Tag = Bf16Tag, int G = 128, bool kSymmetric = true>
+void time_layer(const char* name, int n, int k, int sms) {
+  auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
+  const int shared = tensor_core::shared_bytes(M, k);
+  int limit = 0;
+  CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  if (shared > limit) {
+    std::printf("%-22s M=%d skipped: %d bytes of shared memory\n", name, M, shared);
+    return;
+  }
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+  // One copy: packed weights, scales, zero points (asymmetric), each 256-byte aligned.
+  const size_t weight_bytes = (size_t)n * k / 2, scale_bytes = (size_t)n * (k / G) * 2;
+  const size_t zero_bytes = kSymmetric ? 0 : (size_t)n * (k / G);
+  auto round_up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t per_copy = round_up(weight_bytes) + round_up(scale_bytes) + round_up(zero_bytes);
+  const int copies = (int)std::max<size_t>(2, (512ull << 20) / per_copy);
+  char* weights;
+  CHECK(cudaMalloc(&weights, per_copy * copies));
+  auto qweight = [&](int c) { return weights + c * per_copy; };
+  auto scales = [&](int c) { return qweight(c) + round_up(weight_bytes); };
+  auto zeros = [&](int c) { return scales(c) + round_up(scale_bytes); };
+  fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(weights), per_copy * copies / 4, 1234u);
+  std::vector<uint8_t> zero_points;
+  if constexpr (!kSymmetric)
+    for (size_t i = 0; i < zero_bytes; ++i) zero_points.push_back((uint8_t)((i * 2654435761u >> 13) & 15));
+  for (int c = 0; c < copies; ++c) {
+    fill_floats<Tag><<<256, 256>>>(reinterpret_cast<uint16_t*>(scales(c)), scale_bytes / 2, 77u, 0.004f, 0.012f);
+    if constexpr (!kSymmetric) CHECK(cudaMemcpy(zeros(c), zero_points.data(), zero_bytes, cudaMemcpyHostToDevice));
+  }
+  uint16_t *x, *out;
+  CHECK(cudaMalloc(&x, (size_t)M * k * 2));
+  CHECK(cudaMalloc(&out, (size_t)M * n * 2 * copies));
+  fill_floats<Tag><<<256, 256>>>(x, (size_t)M * k, 99u, -1.f, 1.f);
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int blocks = std::min(sms, (n + 15) / 16);
+  auto launch = [&](int c) {
+    kernel<<<blocks, tensor_core::kThreads, shared, stream>>>(
+        x, reinterpret_cast<const Words4*>(qweight(c)), reinterpret_cast<const uint16_t*>(scales(c)),
+        kSymmetric ? nullptr : reinterpret_cast<const uint8_t*>(zeros(c)), nullptr, out + (size_t)c * M * n, n, k);
+  };
+  const int repeats = std::max(1, 64 / copies + 1);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int r = 0; r < repeats; ++r)
+    for (int c = 0; c < copies; ++c) launch(c);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, end;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&end));
+  std::vector<float> us;
+  for (int rep = 0; rep < 15; ++rep) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(end, stream));
+    CHECK(cudaEventSynchronize(end));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, end));
+    us.push_back(ms * 1000.f / (repeats * copies));
+  }
+  std::sort(us.begin(), us.end());
+  std::vector<uint16_t> y((size_t)M * n);
+  CHECK(cudaMemcpy(y.data(), out + (size_t)(copies - 1) * M * n, y.size() * 2, cudaMemcpyDeviceToHost));
+  double weighted = 0, magnitude = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float f = host_float<Tag>(y[i]);
+    weighted += f * (1 + i % 7);
+    magnitude += std::fabs(f);
+  }
+  std::printf("%-22s M=%d %8.2f us  checksum %.6e %.6e\n", name, M, us[us.size() / 2], weighted, magnitude);
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(end));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(weights));
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(out));
+}
+
+int main() {
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  struct Layer {
+    const char* name;
+    int n, k;
+  } layers[] = {{"llama_qkv", 6144, 4096}, {"llama_o", 4096, 4096}, {"llama_gate_up", 28672, 4096},
+                {"llama_down", 4096, 14336}, {"qwen_qkv", 6144, 2560}, {"qwen_o", 2560, 4096},
+                {"qwen_gate_up", 19456, 2560}, {"qwen_down", 2560, 9728}};
+  const char* only = std::getenv("TIME_SKINNY_LAYER");
+  for (const Layer& l : layers) {
+    if (only && std::strcmp(only, l.name)) continue;
+    time_layer<1>(l.name, l.n, l.k, sms);
+    if (!only) time_layer<5>(l.name, l.n, l.k, sms);
+  }
+  if (only) return 0;
+  for (const Layer& l : {layers[0], layers[2], layers[5]}) {
+    char name[48];
+    std::snprintf(name, sizeof name, "%s fp16 uint4 g32", l.name);
+    time_layer<1, Fp16Tag, 32, false>(name, l.n, l.k, sms);
+    time_layer<5, Fp16Tag, 32, false>(name, l.n, l.k, sms);
+  }
+  return 0;
+}
