@@ -25,8 +25,9 @@
 // of 16-row tiles and walks it kSplitKTileRows rows (a round) at a time. Its blocks split the k-steps, and each
 // block's kWarps warps split the block's k-steps (contiguous, balanced). Each warp keeps the weights of its next
 // (rows, k-step) units in flight in a ring of kPipelineDepth register slots, across row boundaries, so the weight
-// stream does not drain at the end of a round; a slot is refilled right after its unit is computed (see the loop). The warps' partial sums meet in shared memory, the
-// blocks' sums in distributed shared memory; bias and the cast happen in that reduction. Clusters pay off where
+// stream does not drain at the end of a round; a slot is refilled right after its unit is computed (see the loop).
+// The warps' partial sums meet in shared memory, the blocks' sums in distributed shared memory; bias and the cast
+// happen in that reduction. Clusters pay off where
 // x is large (M * K): each block stages only the part of x its k-steps read (csrc/PERF.md).
 //
 // Shared memory (dynamic, shared_bytes below): xs [M][K] 16-bit (pieces rotated, xs_piece), the sums of x per k-step
@@ -297,8 +298,9 @@ __device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* 
 // Staging x. A warp stages the (row m, k-step) slices of x that its own k-steps read: 256 bytes each, 16 pieces of
 // 16 bytes. The warp's M * steps * 16 pieces are dealt to its lanes in turn, kStageLoads per lane in flight; the 16
 // lanes holding one slice add up its 128 values with shuffles (the sum of x per k-step, for the G = 128 correction).
-// Spreading the pieces over all lanes measured 5-13% faster at M = 1 than a lane per slice (csrc/PERF.md): that
-// issued 16 loads and summed 128 values in one lane, and at M = 1 only a few lanes of each warp had a slice.
+// Spreading the pieces over all lanes measured 4-13% faster at M = 1 than a lane per slice on seven of the eight
+// bench layers, Llama gate_up unchanged (csrc/PERF.md): a lane per slice issued 16 loads and summed 128 values
+// alone, and at M = 1 only a few lanes of each warp had a slice.
 constexpr int kSlicePieces = kStepK * 2 / 16;
 constexpr int kStageLoads = 4;
 

@@ -8,22 +8,9 @@
 // Protocol as bench_skinny.py: CUDA-graph replay over copies of the weights totalling 512 MB (>= 4x the L2),
 // median of 9 replays. Each kernel folds what it reads into a value it stores only if it hits a magic number, so
 // the loads cannot be removed.
-#include <cuda_runtime.h>
-
-#include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e = (x);                                                      \
-    if (e != cudaSuccess) {                                                   \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                     \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
+#include "graph_timing.cuh"
 
 struct alignas(16) Piece {
   uint32_t w[4];
@@ -171,39 +158,10 @@ struct Variant {
 // Named "split d<depth> w<warps> rows<rows per unit> [rr: round-robin rounds] regs|async".
 #define SPLIT(D, W, R, RR, A, NAME) {NAME, skinny_split<D, W, R, RR, A>, W, D, A}
 
+// The protocol these figures were taken with: the rotation captured 4 times over, median of 9 replays.
 template <typename F>
 float per_call_us(F launch, int copies) {
-  cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  constexpr int kRepeats = 4;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int r = 0; r < kRepeats; ++r)
-    for (int c = 0; c < copies; ++c) launch(c, stream);
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, end;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&end));
-  std::vector<float> us;
-  for (int rep = 0; rep < 9; ++rep) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(end, stream));
-    CHECK(cudaEventSynchronize(end));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, end));
-    us.push_back(ms * 1000.f / (kRepeats * copies));
-  }
-  std::sort(us.begin(), us.end());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(end));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaStreamDestroy(stream));
-  return us[us.size() / 2];
+  return graph_per_call_us(launch, copies, 4, 9);
 }
 
 int main() {

@@ -11,23 +11,11 @@
 // Protocol as bench_skinny.py, but single-block launches only (no clusters): CUDA-graph replay over >= 512 MB of
 // weight copies, median of 15 replays. Each line ends with a checksum of the last call's output (a weighted sum and
 // the sum of magnitudes): a variant that computes the same thing in the same order prints the same checksum.
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <vector>
 
+#include "graph_timing.cuh"
 #include "skinny_mma.cuh"
-
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));  \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 using namespace w4a16;
 
@@ -100,37 +88,13 @@ void time_layer(const char* name, int n, int k, int sms) {
   CHECK(cudaMalloc(&x, (size_t)M * k * 2));
   CHECK(cudaMalloc(&out, (size_t)M * n * 2 * copies));
   fill_floats<Tag><<<256, 256>>>(x, (size_t)M * k, 99u, -1.f, 1.f);
-  cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int blocks = std::min(sms, (n + 15) / 16);
-  auto launch = [&](int c) {
+  auto launch = [&](int c, cudaStream_t stream) {
     kernel<<<blocks, tensor_core::kThreads, shared, stream>>>(
         x, reinterpret_cast<const Words4*>(qweight(c)), reinterpret_cast<const uint16_t*>(scales(c)),
         kSymmetric ? nullptr : reinterpret_cast<const uint8_t*>(zeros(c)), nullptr, out + (size_t)c * M * n, n, k);
   };
-  const int repeats = std::max(1, 64 / copies + 1);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int r = 0; r < repeats; ++r)
-    for (int c = 0; c < copies; ++c) launch(c);
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, end;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&end));
-  std::vector<float> us;
-  for (int rep = 0; rep < 15; ++rep) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(end, stream));
-    CHECK(cudaEventSynchronize(end));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, end));
-    us.push_back(ms * 1000.f / (repeats * copies));
-  }
-  std::sort(us.begin(), us.end());
+  const float us = graph_per_call_us(launch, copies, std::max(1, 64 / copies + 1), 15);
   std::vector<uint16_t> y((size_t)M * n);
   CHECK(cudaMemcpy(y.data(), out + (size_t)(copies - 1) * M * n, y.size() * 2, cudaMemcpyDeviceToHost));
   double weighted = 0, magnitude = 0;
@@ -139,12 +103,7 @@ void time_layer(const char* name, int n, int k, int sms) {
     weighted += f * (1 + i % 7);
     magnitude += std::fabs(f);
   }
-  std::printf("%-22s M=%d %8.2f us  checksum %.6e %.6e\n", name, M, us[us.size() / 2], weighted, magnitude);
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(end));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaStreamDestroy(stream));
+  std::printf("%-22s M=%d %8.2f us  checksum %.6e %.6e\n", name, M, us, weighted, magnitude);
   CHECK(cudaFree(weights));
   CHECK(cudaFree(x));
   CHECK(cudaFree(out));
