@@ -24,9 +24,10 @@ by cp.async; each thread copies the weight chunks it will read back, so they nee
 operand-ordered x copy comes by TMA, one copy per stage completing that stage's mbarrier; a gathered x comes by
 cp.async and then needs a generic-to-async proxy fence before wgmma reads it, which ptxas emits as a MEMBAR that
 also waits for the thread's loads in flight. (TMA instead of cp.async for the x copy: 10-15% faster at M = 128..512
-on the H200, PERF.md.) Per K tile: wait for the stage, build the operand in registers (the scales are loaded one
-tile ahead), issue the wgmma asynchronously and wait for the previous one, which overlaps each tile's dequantization
-with the previous tile's MMA. The loop handles two tiles per iteration so that consecutive operands live in
+on the H200, PERF.md.) Per K tile: wait for the stage, build the operand in registers (the source requests the
+scales one tile ahead, but the compiled code still waits for a scale load in every tile: PERF.md), issue the wgmma
+asynchronously and wait for the previous one, which overlaps each tile's dequantization with the previous tile's
+MMA. The loop handles two tiles per iteration so that consecutive operands live in
 different registers: ptxas serializes every wgmma if an operand register is redefined while an earlier wgmma may
 still read it. With several warpgroups (8 or 16 warps) a stage is refilled only after a barrier that every
 warpgroup reaches after its wgmma on that stage has completed.
