@@ -27,10 +27,10 @@ also waits for the thread's loads in flight. (TMA instead of cp.async for the x 
 on the H200, PERF.md.) Per K tile: wait for the stage, build the operand in registers (the source requests the
 scales one tile ahead, but the compiled code still waits for a scale load in every tile: PERF.md), issue the wgmma
 asynchronously and wait for the previous one, which overlaps each tile's dequantization with the previous tile's
-MMA. The loop handles two tiles per iteration so that consecutive operands live in
-different registers: ptxas serializes every wgmma if an operand register is redefined while an earlier wgmma may
-still read it. With several warpgroups (8 or 16 warps) a stage is refilled only after a barrier that every
-warpgroup reaches after its wgmma on that stage has completed.
+MMA. The loop handles two tiles per iteration so that consecutive operands live in different registers: ptxas
+serializes every wgmma if an operand register is redefined while an earlier wgmma may still read it. With several
+warpgroups (8 or 16 warps) a stage is refilled only after a barrier that every warpgroup reaches after its wgmma on
+that stage has completed.
 
 Producer form (config.producer, w4a16_wgmma_ws_kernel below). The same operand and dequantization, but one extra
 warp (Gluon's warp_specialize) issues every copy: x and the packed weight tile both by TMA, into a ring whose stages
