@@ -62,15 +62,15 @@ def test_operand_order_kernel_matches_the_documented_permutation(dtype, generato
     (dict(producer=True, block_n=256, num_warps=16, num_stages=4), "the producer form needs 4 or 8 consumer warps"),
     (dict(producer=True, num_stages=1), "num_stages=1 \\(at least 2\\)"),
     (dict(producer=True, x_gather=True), "x_gather with producer"),
+    (dict(x_natural=True), "x_natural without producer"),
 ])
 def test_bad_wgmma_configs_are_rejected(fields, message):
     base = dict(block_m=64, block_n=64, block_k=WGMMA_BLOCK_K, num_warps=4, num_stages=3, kernel="wgmma")
     with pytest.raises(ValueError, match=message):
         TileConfig(**{**base, **fields})
-    with pytest.raises(ValueError, match="x_gather and producer apply to the wgmma kernel only"):
-        TileConfig(64, 64, 64, 4, x_gather=True)
-    with pytest.raises(ValueError, match="x_gather and producer apply to the wgmma kernel only"):
-        TileConfig(64, 64, 64, 4, producer=True)
+    for wgmma_only in ("x_gather", "producer", "x_natural"):
+        with pytest.raises(ValueError, match="x_gather, producer and x_natural apply to the wgmma kernel only"):
+            TileConfig(64, 64, 64, 4, **{wgmma_only: True})
 
 
 def test_producer_register_budget_fits_the_register_file():
@@ -113,20 +113,34 @@ CONFIGS_PRODUCER = [
     TileConfig(256, 128, WGMMA_BLOCK_K, 8, 3, 2, kernel="wgmma", producer=True),
     TileConfig(64, 64, WGMMA_BLOCK_K, 4, 2, 1, kernel="wgmma", producer=True),
 ]
+# x in its natural order (no operand-ordered copy), paired with the same shapes: every G (a lane's K tile spans 1, 2
+# or 4 groups), 64/128/256-token tiles, one or two consumer warp groups, splits, K not a multiple of 128.
+CONFIGS_NATURAL = [
+    TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 1, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, 3, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 2, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(256, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(128, 64, WGMMA_BLOCK_K, 4, 4, 6, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(256, 128, WGMMA_BLOCK_K, 8, 3, 2, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(64, 64, WGMMA_BLOCK_K, 4, 2, 1, kernel="wgmma", producer=True, x_natural=True),
+]
 CASES = [(shape, config, symmetric, dtype)
-         for configs in (CONFIGS, CONFIGS_PRODUCER)
+         for configs in (CONFIGS, CONFIGS_PRODUCER, CONFIGS_NATURAL)
          for (shape, config), symmetric, dtype in itertools.product(zip(SHAPES, configs, strict=True), (True, False),
                                                                     (torch.float16, torch.bfloat16))]
 # Every config on every shape once more, in bf16 (the cases above pair each shape with one config).
 CASES += [(shape, config, i % 2 == 0, torch.bfloat16)
-          for i, (shape, config) in enumerate(itertools.product(SHAPES, CONFIGS + CONFIGS_PRODUCER))]
+          for i, (shape, config) in enumerate(itertools.product(SHAPES, CONFIGS + CONFIGS_PRODUCER
+                                                                    + CONFIGS_NATURAL[:4]))]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
 @pytest.mark.parametrize(("shape", "config", "symmetric", "dtype"), CASES,
                          ids=[f"M{s[0]}N{s[1]}K{s[2]}g{s[3]}-{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}"
-                              f"k{c.split_k}{'G' if c.x_gather else ''}{'P' if c.producer else ''}-{'sym' if y else 'asym'}-{d}".replace("torch.", "")
+                              f"k{c.split_k}{'G' if c.x_gather else ''}{'P' if c.producer else ''}"
+                              f"{'N' if c.x_natural else ''}-{'sym' if y else 'asym'}-{d}".replace("torch.", "")
                               for s, c, y, d in CASES])
 def test_wgmma_kernel(shape, config, symmetric, dtype, generator):
     from w4a16.triton.gemm_kernel import launch_gemm
@@ -137,6 +151,24 @@ def test_wgmma_kernel(shape, config, symmetric, dtype, generator):
     bias = torch.randn(n, generator=generator).to(dtype=dtype, device="cuda") if (m + n) % 2 == 0 else None
     out = launch_gemm(x, qw, bias, config, out=torch.full((m, n), float("nan"), dtype=dtype, device="cuda"))
     assert_matches_reference(out, x, qw, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+def test_natural_form_reads_activation_views_tma_cannot(generator):
+    """TMA reads x itself in the natural form, which needs a 16-byte aligned base and row stride: views with
+    neither still work."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k, g = 70, 200, 512, 32
+    qw = random_weight(n, k, g, True, torch.bfloat16, "cuda", generator)
+    misaligned = random_activation(1, m * k + 2, torch.bfloat16, "cuda", generator)[0, 2:].view(m, k)
+    strided = random_activation(m, k + 4, torch.bfloat16, "cuda", generator)[:, :k]  # rows 1032 bytes apart
+    assert misaligned.data_ptr() % 16 != 0 and strided.stride(0) * 2 % 16 != 0
+    config = TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma", producer=True, x_natural=True)
+    for x in (misaligned, strided):
+        out = launch_gemm(x, qw, None, config, out=torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda"))
+        assert_matches_reference(out, x, qw)
 
 
 @pytest.mark.gpu

@@ -99,10 +99,10 @@ def _compile_wgmma(arch: str, config: TileConfig, dtype: str, group_size: int, s
 
     from .wgmma_kernel import (
         BLOCK_K,
-        W_TILE_LAYOUT,
         producer_max_registers,
         w4a16_wgmma_kernel,
         w4a16_wgmma_ws_kernel,
+        w_tile_layout,
         x_layout_for,
     )
 
@@ -122,9 +122,11 @@ def _compile_wgmma(arch: str, config: TileConfig, dtype: str, group_size: int, s
     options = {"num_warps": config.num_warps}
     if config.producer:
         kernel = w4a16_wgmma_ws_kernel
-        signature = {"x_desc": x_desc, "w_desc": f"tensordesc<i32[{config.block_n}, {BLOCK_K // 8}],{W_TILE_LAYOUT!r}>",
+        signature = {"x_desc": x_desc,
+                     "w_desc": f"tensordesc<i32[{config.block_n}, {BLOCK_K // 8}],{w_tile_layout(config)!r}>",
                      **pointers, "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32", "split_stride": "i32"}
         options["maxnreg"] = producer_max_registers(config.block_m, config.num_warps, config.num_stages)
+        constexprs["X_NATURAL"] = config.x_natural
     else:
         kernel = w4a16_wgmma_kernel
         signature = {"x_ptr": f"*{dtype}", "x_desc": x_desc, "qw_ptr": "*i32", **pointers,

@@ -3,7 +3,7 @@
 A table holds:
 - `meta`: how it was made (tool, triton version, date, device, method).
 - `defaults`: values for keys a config leaves out (`num_stages`, `split_k`, `w_left`, `kernel`, `x_gather`,
-  `producer`).
+  `producer`, `x_natural`).
 - `buckets`: a list of `{"m": M, "rules": [{"when": RULE, "config": {...}}, ...]}`, sorted by m. A call with M rows
   uses the nearest bucket at or above M (the largest bucket beyond the last), so a bucket key reads "M <= m", the
   way the public AMD tunings are written. Inside a bucket the first rule whose shape condition holds wins.
@@ -56,7 +56,9 @@ class TileConfig:
     order (for small M, where M x N alone gives too few programs). x_gather (wgmma): read x in natural order with
     4-byte loads instead of permuting it into a copy first (saves a kernel at small M). producer (wgmma): the
     warp-specialized form, one producer warp feeding x and the packed weights by TMA to the num_warps consumer
-    warps (BLOCK_M 64, 128 or 256 tokens, 4 or 8 consumer warps; the sm_90 table's pick from M = 64)."""
+    warps (BLOCK_M 64, 128 or 256 tokens, 4 or 8 consumer warps; the sm_90 table's pick from M = 64). x_natural
+    (producer form): x read by TMA in its natural order, with no operand-ordered copy made first; each lane then reads
+    all 16 words of its rows' K tile and dequantizes its quarter (wgmma_kernel.py)."""
 
     block_m: int
     block_n: int
@@ -68,17 +70,20 @@ class TileConfig:
     kernel: str = "fused"
     x_gather: bool = False
     producer: bool = False
+    x_natural: bool = False
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"tile config kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.kernel == "fused":
-            if self.x_gather or self.producer:
-                raise ValueError("x_gather and producer apply to the wgmma kernel only")
+            if self.x_gather or self.producer or self.x_natural:
+                raise ValueError("x_gather, producer and x_natural apply to the wgmma kernel only")
             return
         problems = []
         if self.block_k != WGMMA_BLOCK_K:
             problems.append(f"BLOCK_K={self.block_k} (must be {WGMMA_BLOCK_K})")
+        if self.x_natural and not self.producer:
+            problems.append("x_natural without producer (the natural order of x is a mode of the producer form)")
         if self.producer:
             if self.num_warps not in (4, 8) or self.block_n != 16 * self.num_warps:
                 problems.append(f"BLOCK_N={self.block_n}, num_warps={self.num_warps} (the producer form needs 4 or "
@@ -111,13 +116,13 @@ class TileConfig:
     def from_json(cls, entry: dict, defaults: dict) -> TileConfig:
         merged = {**defaults, **entry}
         unknown = set(merged) - {"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "split_k", "w_left",
-                                 "kernel", "x_gather", "producer"}
+                                 "kernel", "x_gather", "producer", "x_natural"}
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)} in tile config {entry}")
         return cls(merged["BLOCK_M"], merged["BLOCK_N"], merged["BLOCK_K"], merged["num_warps"],
                    merged.get("num_stages", 1), merged.get("split_k", 1), bool(merged.get("w_left", False)),
                    merged.get("kernel", "fused"), bool(merged.get("x_gather", False)),
-                   bool(merged.get("producer", False)))
+                   bool(merged.get("producer", False)), bool(merged.get("x_natural", False)))
 
     def to_json(self) -> dict:
         entry = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
@@ -126,8 +131,10 @@ class TileConfig:
             entry["w_left"] = self.w_left
         else:
             entry.update(kernel=self.kernel, x_gather=self.x_gather)
-            if self.producer:  # written only where set, so the tables without it read as before
+            if self.producer:  # written only where set, so the tables without them read as before
                 entry["producer"] = True
+            if self.x_natural:
+                entry["x_natural"] = True
         return entry
 
     def for_group(self, group_size: int) -> TileConfig:

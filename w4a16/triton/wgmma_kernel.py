@@ -39,6 +39,11 @@ the registers the producer warp gives back allow 256-token tiles (acc 64 x 256 p
 from M = 64; in its run on the H200 the form's best config beat every other config at each case from M = 64, by
 1.02-1.22x at M = 64..256 (PERF.md).
 
+Natural x (config.x_natural, producer form): x is read by TMA as it is, with no permuted copy made first (the copy
+is a kernel of its own, 1.5-2 µs per call at M = 64..128). The permutation then moves to the weights' side: see the
+comment above _natural_layout. Faster than the copying form by 1.03-1.17x in 15 of 16 cases at M = 64..128 on the
+H200 (PERF.md); the table picks it there.
+
 split_k > 1 works as in gemm_kernel.py: fp32 slices of a workspace, added in split order by add_splits.
 """
 
@@ -137,6 +142,95 @@ def _load_scales(s_ptr, z_ptr, meta_off, lane_k, k0, K, GROUP_SIZE: gl.constexpr
     scale = gl.load(s_ptr + meta_off + k // GROUP_SIZE, mask=in_k, other=0.0)
     if HAS_ZEROS:
         zero = gl.load(z_ptr + meta_off + k // GROUP_SIZE, mask=in_k, other=8)
+    else:
+        zero = scale  # unused
+    return scale, zero
+
+
+# x in its natural order (config.x_natural, producer form only): no operand-ordered copy of x. Then logical k is
+# physical k, and lane (g, t) needs, for each 16-k block b, k = 16b + 2t + e and 16b + 8 + 2t + e of its rows: pair t
+# of words 2b and 2b + 1 (a word holds 8 consecutive k; its pair p is the nibbles of k 2p and 2p + 1). So the four
+# lanes of a quad all read the 16 words of their two rows (the same addresses: shared-memory broadcasts) and each
+# dequantizes its own pair of every word: a shift, a lop3, a sub and a mul per pair, as many instructions as the
+# operand-ordered form, with 4x the shared-memory reads of the weights. A lane's k now span the whole K tile, so with
+# G = 32 or 64 its words fall into 4 or 2 groups.
+
+
+@triton.constexpr_function
+def _natural_layout(block_n, warps, groups):
+    """[BLOCK_N, 4 (lane t), groups, 16 // groups (words of a group)]: lane (g, t) holds the 16 words of rows g and
+    g + 8 of its warp's 16 rows (the same words for every t)."""
+    per_group = 16 // groups
+    row = lambda r: [r, 0, 0, 0]  # noqa: E731
+    word = lambda w: [0, 0, w // per_group, w % per_group]  # noqa: E731
+    return gl.DistributedLinearLayout(
+        reg_bases=[word(1), word(2), word(4), word(8), row(8)],
+        lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], row(1), row(2), row(4)],
+        warp_bases=[row(16 << i) for i in range(warps.bit_length() - 1)], block_bases=[],
+        shape=[block_n, 4, groups, per_group])
+
+
+@triton.constexpr_function
+def _natural_words_layout(block_n, warps):
+    """The [BLOCK_N, 16] words tile as _natural_layout holds it: no lane bits for t (a broadcast load)."""
+    row = lambda r: [r, 0]  # noqa: E731
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], row(8)], lane_bases=[[0, 0], [0, 0], row(1), row(2), row(4)],
+        warp_bases=[row(16 << i) for i in range(warps.bit_length() - 1)], block_bases=[], shape=[block_n, 16])
+
+
+def natural_dequant_asm(is_bf16: bool) -> str:
+    """PTX for one pair of a word: inputs $2 the word, $3 the shift (4 * pair), $4 the bits of MAGIC + z, $5 the bits
+    of the scale; outputs $0 (the pair's lower k) and $1."""
+    magic = "0x43004300" if is_bf16 else "0x64006400"
+    kind = "bf16x2" if is_bf16 else "f16x2"
+    return "\n".join([
+        "{", ".reg .b32 p, zb, sc;", "mov.b32 zb, {$4, $4};", "mov.b32 sc, {$5, $5};", "shr.u32 p, $2, $3;",
+        f"lop3.b32 p, p, 0x000f000f, {magic}, 0xea;", f"sub.rn.{kind} p, p, zb;", f"mul.rn.{kind} p, p, sc;",
+        "mov.b32 {$0, $1}, p;", "}"])
+
+
+_NATURAL_BF16 = gl.constexpr(natural_dequant_asm(True))
+_NATURAL_FP16 = gl.constexpr(natural_dequant_asm(False))
+
+
+@gluon.jit
+def _natural_operand(words, scale, zero, DTYPE: gl.constexpr, HAS_ZEROS: gl.constexpr, layout: gl.constexpr,
+                     a_layout: gl.constexpr):
+    """Words [BN, 16] (every lane of a quad holding the same) and the scales (and zeros) [BN, 1, groups, 1] ->
+    the dequantized operand [BN, BLOCK_K] in a_layout."""
+    IS_BF16: gl.constexpr = DTYPE == gl.bfloat16
+    MAGIC: gl.constexpr = 128.0 if IS_BF16 else 1024.0
+    BN: gl.constexpr = layout.shape[0]
+    GROUPS: gl.constexpr = layout.shape[2]
+    words = gl.convert_layout(gl.reshape(words, [BN, GROUPS, 16 // GROUPS]), gl.SliceLayout(1, layout),
+                              assert_trivial=True)
+    shift = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, layout)))) * 4
+    words, shift = gl.broadcast(gl.expand_dims(words, 1), gl.expand_dims(gl.expand_dims(gl.expand_dims(shift, 0),
+                                                                                           2), 3))
+    if HAS_ZEROS:
+        zero_bias = (zero.to(gl.float32) + MAGIC).to(DTYPE)
+    else:
+        zero_bias = gl.full(scale.shape, MAGIC + 8.0, DTYPE, layout=scale.type.layout)
+    s_bits = gl.broadcast(scale.to(gl.int16, bitcast=True), words)[0]
+    z_bits = gl.broadcast(zero_bias.to(gl.int16, bitcast=True), words)[0]
+    lo, hi = gl.inline_asm_elementwise(_NATURAL_BF16 if IS_BF16 else _NATURAL_FP16, "=h,=h,r,r,h,h",
+                                       [words, shift, z_bits, s_bits], dtype=(gl.int16, gl.int16), is_pure=True,
+                                       pack=1)
+    # [n, t, group, word, e] is k = 8 * (group * 16 // GROUPS + word) + 2t + e: order the dims [n, group, word, t, e].
+    tile = gl.permute(gl.join(lo, hi), [0, 2, 3, 1, 4])
+    tile = gl.reshape(tile, [BN, _BK]).to(DTYPE, bitcast=True)
+    return gl.convert_layout(tile, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _natural_scales(s_ptr, z_ptr, meta_off, group, k0, K, GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr):
+    """The scales (and zeros) [BN, 1, groups, 1] of the K tile at k0 for the natural form; past K: scale 0."""
+    in_k = k0 + group * GROUP_SIZE < K
+    index = meta_off + k0 // GROUP_SIZE + group
+    scale = gl.load(s_ptr + index, mask=in_k, other=0.0)
+    if HAS_ZEROS:
+        zero = gl.load(z_ptr + index, mask=in_k, other=8)
     else:
         zero = scale  # unused
     return scale, zero
@@ -327,7 +421,7 @@ def _produce(x_desc, w_desc, x_ring, w_ring, ready, empty, x_row0, w_row0, t0, n
 @gluon.jit
 def _consume_tile(acc, scale, zero, i, t0, n_t, x_ring, w_ring, ready, empty, s_ptr, z_ptr, meta_off, lane_k, K,
                   words_layout: gl.constexpr, w_layout: gl.constexpr, a_layout: gl.constexpr, DTYPE: gl.constexpr,
-                  GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr):
+                  GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr, X_NATURAL: gl.constexpr):
     """K tile t0 + i: returns the accumulator (its wgmma still in flight) and the next tile's scales and zeros."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_N: gl.constexpr = w_ring.type.shape[1]
@@ -335,10 +429,14 @@ def _consume_tile(acc, scale, zero, i, t0, n_t, x_ring, w_ring, ready, empty, s_
     mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
     words = w_ring.index(stage).load(words_layout)
     fence_async_shared()  # these generic reads come before the producer's next (async proxy) copy into the stage
-    words = gl.convert_layout(gl.reshape(words, [BLOCK_N, 4, 4]), w_layout, assert_trivial=True)
-    scale_next, zero_next = _load_scales(s_ptr, z_ptr, meta_off, lane_k, gl.minimum(t0 + i + 1, t0 + n_t - 1) * _BK,
-                                         K, GROUP_SIZE, HAS_ZEROS)
-    a = _operand(words, scale, zero, DTYPE, HAS_ZEROS, a_layout)
+    next_k0 = gl.minimum(t0 + i + 1, t0 + n_t - 1) * _BK
+    if X_NATURAL:  # w_layout: _natural_layout; lane_k: the group index [1, 1, groups, 1]
+        scale_next, zero_next = _natural_scales(s_ptr, z_ptr, meta_off, lane_k, next_k0, K, GROUP_SIZE, HAS_ZEROS)
+        a = _natural_operand(words, scale, zero, DTYPE, HAS_ZEROS, w_layout, a_layout)
+    else:
+        words = gl.convert_layout(gl.reshape(words, [BLOCK_N, 4, 4]), w_layout, assert_trivial=True)
+        scale_next, zero_next = _load_scales(s_ptr, z_ptr, meta_off, lane_k, next_k0, K, GROUP_SIZE, HAS_ZEROS)
+        a = _operand(words, scale, zero, DTYPE, HAS_ZEROS, a_layout)
     acc = warpgroup_mma(a, x_ring.index(stage).permute((1, 0)), acc, is_async=True)
     acc, a = warpgroup_mma_wait(num_outstanding=1, deps=[acc, a])  # tile i - 1's wgmma is done: free its stage
     mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
@@ -347,29 +445,41 @@ def _consume_tile(acc, scale, zero, i, t0, n_t, x_ring, w_ring, ready, empty, s_
 
 @gluon.jit
 def _consume(x_ring, w_ring, ready, empty, s_ptr, z_ptr, rows, t0, n_t, K, BLOCK_M: gl.constexpr,
-             WARPS: gl.constexpr, DTYPE: gl.constexpr, GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr):
+             WARPS: gl.constexpr, DTYPE: gl.constexpr, GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr,
+             X_NATURAL: gl.constexpr):
     BLOCK_N: gl.constexpr = w_ring.type.shape[1]
     mma_layout: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-    w_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, True)
-    words_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, False)  # the same registers as the TMA tile's
-    meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
-    meta_off = gl.expand_dims(gl.convert_layout(rows, gl.SliceLayout(1, meta_layout)), 1) * (K // GROUP_SIZE)
-    lane_k = gl.arange(0, 4, layout=gl.SliceLayout(0, meta_layout))[None, :] * 32
+    if X_NATURAL:
+        GROUPS: gl.constexpr = _BK // GROUP_SIZE if GROUP_SIZE < _BK else 1
+        w_layout: gl.constexpr = _natural_layout(BLOCK_N, WARPS, GROUPS)
+        words_layout: gl.constexpr = _natural_words_layout(BLOCK_N, WARPS)
+        row_slice: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout)))
+        meta_off = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.convert_layout(rows, row_slice), 1), 2), 3)
+        meta_off = meta_off * (K // GROUP_SIZE)
+        lane_k = gl.arange(0, GROUPS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, w_layout))))
+        lane_k = gl.expand_dims(gl.expand_dims(gl.expand_dims(lane_k, 0), 1), 3)  # the group index [1, 1, G, 1]
+        scale, zero = _natural_scales(s_ptr, z_ptr, meta_off, lane_k, t0 * _BK, K, GROUP_SIZE, HAS_ZEROS)
+    else:
+        w_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, True)
+        words_layout: gl.constexpr = _words_layout(BLOCK_N, WARPS, False)  # the same registers as the TMA tile's
+        meta_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
+        meta_off = gl.expand_dims(gl.convert_layout(rows, gl.SliceLayout(1, meta_layout)), 1) * (K // GROUP_SIZE)
+        lane_k = gl.arange(0, 4, layout=gl.SliceLayout(0, meta_layout))[None, :] * 32
+        scale, zero = _load_scales(s_ptr, z_ptr, meta_off, lane_k, t0 * _BK, K, GROUP_SIZE, HAS_ZEROS)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-    scale, zero = _load_scales(s_ptr, z_ptr, meta_off, lane_k, t0 * _BK, K, GROUP_SIZE, HAS_ZEROS)
     # Two tiles per iteration, so consecutive operands are distinct registers (module docstring).
     for i in range(0, n_t - 1, 2):
         acc, scale, zero = _consume_tile(acc, scale, zero, i, t0, n_t, x_ring, w_ring, ready, empty, s_ptr, z_ptr,
                                          meta_off, lane_k, K, words_layout, w_layout, a_layout, DTYPE, GROUP_SIZE,
-                                         HAS_ZEROS)
+                                         HAS_ZEROS, X_NATURAL)
         acc, scale, zero = _consume_tile(acc, scale, zero, i + 1, t0, n_t, x_ring, w_ring, ready, empty, s_ptr,
                                          z_ptr, meta_off, lane_k, K, words_layout, w_layout, a_layout, DTYPE,
-                                         GROUP_SIZE, HAS_ZEROS)
+                                         GROUP_SIZE, HAS_ZEROS, X_NATURAL)
     if n_t % 2 == 1:
         acc, scale, zero = _consume_tile(acc, scale, zero, n_t - 1, t0, n_t, x_ring, w_ring, ready, empty, s_ptr,
                                          z_ptr, meta_off, lane_k, K, words_layout, w_layout, a_layout, DTYPE,
-                                         GROUP_SIZE, HAS_ZEROS)
+                                         GROUP_SIZE, HAS_ZEROS, X_NATURAL)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     return (acc, )  # a tuple: Triton 3.6 takes the default partition's result as a sequence
 
@@ -380,6 +490,7 @@ def w4a16_wgmma_ws_kernel(
     M, N, K, stride_om, split_stride,
     GROUP_SIZE: gl.constexpr, HAS_ZEROS: gl.constexpr, HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, WARPS: gl.constexpr,
+    X_NATURAL: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
@@ -400,7 +511,7 @@ def w4a16_wgmma_ws_kernel(
     rows = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=row_layout), N - 1)
     acc = gl.warp_specialize([
         (_consume, (x_ring, w_ring, ready, empty, scales_ptr, zeros_ptr, rows, t0, n_t, K, BLOCK_M, WARPS,
-                    x_desc.dtype, GROUP_SIZE, HAS_ZEROS)),
+                    x_desc.dtype, GROUP_SIZE, HAS_ZEROS, X_NATURAL)),
         (_produce, (x_desc, w_desc, x_ring, w_ring, ready, empty, pid_m * BLOCK_M, pid_n * BLOCK_N, t0, n_t)),
     ], [1], [_PRODUCER_REGISTERS])[0]
     _store(acc, bias_ptr, out_ptr, M, N, stride_om, split_stride, pid_n, pid_m, pid_k, HAS_BIAS, BLOCK_M, BLOCK_N,
@@ -410,6 +521,13 @@ def w4a16_wgmma_ws_kernel(
 # The packed weight tile of the producer form: [BLOCK_N, 16] words, unswizzled, so a consumer lane's 16 bytes of
 # a row are contiguous and a warp's loads cover 512 consecutive bytes (no bank conflicts).
 W_TILE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+# With x_natural every lane reads whole 64-byte rows, 8 rows per warp at once: unswizzled, rows r and r + 2 would share
+# banks. The 64-byte swizzle moves each pair of rows' 16-byte pieces to other banks.
+W_TILE_LAYOUT_NATURAL = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2)
+
+
+def w_tile_layout(config: TileConfig) -> gl.NVMMASharedLayout:
+    return W_TILE_LAYOUT_NATURAL if config.x_natural else W_TILE_LAYOUT
 
 
 def producer_max_registers(block_m: int, num_warps: int, num_stages: int) -> int:
@@ -460,20 +578,21 @@ def x_layout_for(block_m: int, dtype) -> gl.NVMMASharedLayout:
 
 
 def x_descriptor(x_ordered: torch.Tensor, block_m: int):
-    """The TMA descriptor of the operand-ordered x copy, in [block_m, BLOCK_K] boxes; rows past M read as zeros."""
+    """The TMA descriptor of x (the operand-ordered copy, or x itself for x_natural), in [block_m, BLOCK_K] boxes;
+    rows past M and k past K read as zeros."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return TensorDescriptor.from_tensor(x_ordered, [block_m, BLOCK_K], x_layout_for(block_m, x_ordered.dtype))
 
 
-def weight_descriptor(qweight: torch.Tensor, block_n: int):
+def weight_descriptor(qweight: torch.Tensor, config: TileConfig):
     """The TMA descriptor of the packed weights [N, K // 8] in [block_n, 16]-word boxes (one K tile of block_n rows);
     rows past N and words past K // 8 read as zeros."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if qweight.data_ptr() % 16:  # TMA needs a 16-byte aligned base; a view into a larger buffer may not have one
         qweight = qweight.clone()
-    return TensorDescriptor.from_tensor(qweight, [block_n, BLOCK_K // 8], W_TILE_LAYOUT)
+    return TensorDescriptor.from_tensor(qweight, [config.block_n, BLOCK_K // 8], w_tile_layout(config))
 
 
 @functools.cache
@@ -496,7 +615,13 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
     n = qw.n
     if out is None:
         out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    x_in = x2d if config.x_gather else operand_order(x2d)
+    if config.x_gather:
+        x_in = x2d
+    elif config.x_natural:  # TMA reads x as it is, if its base and row stride are 16-byte multiples
+        tma_ready = x2d.data_ptr() % 16 == 0 and x2d.stride(0) % 8 == 0 and x2d.stride(0) >= k
+        x_in = x2d if tma_ready else torch.empty((m, k), dtype=x2d.dtype, device=x2d.device).copy_(x2d)
+    else:
+        x_in = operand_order(x2d)
     x_desc = None if config.x_gather else x_descriptor(x_in, config.block_m)
     split_k = max(1, min(config.split_k, triton.cdiv(k, BLOCK_K)))
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)
@@ -507,10 +632,10 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
                   BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, SPLIT_K=split_k,
                   WARPS=config.num_warps, num_warps=config.num_warps)
     if config.producer:
-        w_desc = weight_descriptor(qw.qweight, config.block_n)
+        w_desc = weight_descriptor(qw.qweight, config)
         w4a16_wgmma_ws_kernel[grid](
             x_desc, w_desc, qw.scales, zeros, bias_or_any, target, m, n, k, target.stride(-2), m * n, **common,
-            maxnreg=producer_max_registers(config.block_m, config.num_warps, config.num_stages))
+            X_NATURAL=config.x_natural, maxnreg=producer_max_registers(config.block_m, config.num_warps, config.num_stages))
     else:
         w4a16_wgmma_kernel[grid](
             x_in, x_desc, qw.qweight, qw.scales, zeros, bias_or_any, target,
