@@ -132,3 +132,29 @@ def test_the_tuner_writes_per_shape_dequant_blas_thresholds():
     table = build_table(results)
     assert table["dequant_blas_min_m"] == 256
     assert table["dequant_blas_overrides"] == [{"n": 1024, "k": 512, "min_m": 512}, {"n": 4096, "k": 512, "min_m": 1024}]
+
+
+def test_a_merged_retune_replaces_only_its_buckets(tmp_path, monkeypatch):
+    """tune --merge: the re-tuned buckets and their overrides come from the new run; every other bucket, override
+    and the dequant_blas entries stay; the meta says which buckets came from which run."""
+    import json
+
+    from w4a16.triton.tune import build_table, merge_tables, write_table
+
+    old = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4}
+    new = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4}
+    base = {"meta": {"date": "2026-01-01", "triton": "3.6.0", "torch": "2.11", "device": "NVIDIA H200"},
+            "buckets": [{"m": m, "rules": [{"when": "any", "config": old}]} for m in (16, 64, 512)],
+            "overrides": [{"n": 8, "k": 64, "m": m, "config": old} for m in (16, 64)],
+            "dequant_blas_min_m": 512, "dequant_blas_overrides": [{"n": 8, "k": 64, "min_m": None}]}
+    results = [{"n": 8, "k": 64, "m": 64, "configs": [(new, 1.0), (old, 2.0)], "dequant_blas_us": 9.0}]
+    table, meta = merge_tables(base, build_table(results), [64])
+    assert [(b["m"], b["rules"][0]["config"]) for b in table["buckets"]] == [(16, old), (64, new), (512, old)]
+    assert table["overrides"] == [base["overrides"][0]]  # the re-tuned bucket's best is its default: no override
+    assert table["dequant_blas_min_m"] == 512 and table["dequant_blas_overrides"] == base["dequant_blas_overrides"]
+    assert meta == {"merged": {"retuned_m": [64], "other_buckets_from": {
+        "date": "2026-01-01", "triton": "3.6.0", "torch": "2.11", "device": "NVIDIA H200"}}}
+    path = tmp_path / "sm_90.json"
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *args: "NVIDIA H200")  # the tuner runs on a GPU
+    write_table("sm_90", table, path, meta)
+    assert json.loads(path.read_text())["meta"]["merged"]["retuned_m"] == [64]

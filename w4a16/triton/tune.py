@@ -1,6 +1,7 @@
 """The tuner: sweep a pruned tile space on the current GPU and write `configs/<arch>.json`.
 
-    python -m w4a16.triton.tune [--out PATH] [--shapes llama3.1-8b,qwen3-4b] [--m 16,32,...] [--compare]
+    python -m w4a16.triton.tune [--out PATH] [--results PATH] [--shapes llama3.1-8b,qwen3-4b] [--m 16,32,...]
+                                [--merge]
 
 For every benchmark shape (N, K) of DESIGN.md's chosen models and every M bucket it times each candidate config of
 that bucket (bf16, symmetric, G = 128; the table serves every dtype and format), the dequant_blas route and, for the
@@ -75,9 +76,10 @@ def wgmma_candidates(m: int) -> list[TileConfig]:
             splits = (1, 2, 3) if m <= 256 else (1, 2)
         if m >= 256:
             shapes += [(256, 4, 3), (256, 8, 3)]
-        for (tokens, warps, stages), split in itertools.product(shapes, splits):
+        # Each with x copied into operand order first, and with x read as it is (x_natural: no copy kernel).
+        for (tokens, warps, stages), split, natural in itertools.product(shapes, splits, (False, True)):
             out.append(TileConfig(tokens, 16 * warps, WGMMA_BLOCK_K, warps, stages, split, kernel="wgmma",
-                                  producer=True))
+                                  producer=True, x_natural=natural))
     return out
 
 
@@ -228,7 +230,27 @@ def build_table(results: list[dict]) -> dict:
             "dequant_blas_overrides": blas_overrides}
 
 
-def write_table(arch: str, table: dict, path: Path) -> None:
+def merge_tables(base: dict, table: dict, m_values: list[int]) -> tuple[dict, dict]:
+    """`base` (a written table) with the buckets m_values and their overrides taken from `table` (build_table's
+    output for those buckets only); the dequant_blas entries stay base's (they need every bucket). Returns the
+    table and the meta entry saying which buckets came from which run."""
+    tuned = set(m_values)
+    meta = base.get("meta", {})
+    merged = {
+        "buckets": sorted([b for b in base["buckets"] if b["m"] not in tuned] + table["buckets"],
+                          key=lambda b: b["m"]),
+        "overrides": sorted([o for o in base.get("overrides", []) if o["m"] not in tuned] + table["overrides"],
+                            key=lambda o: (o["m"], o["n"], o["k"])),
+        "dequant_blas_min_m": base.get("dequant_blas_min_m"),
+        "dequant_blas_overrides": base.get("dequant_blas_overrides", []),
+    }
+    earlier = meta.get("merged", {})
+    note = {"retuned_m": sorted(tuned), "other_buckets_from": earlier.get("other_buckets_from") or {
+        key: meta.get(key) for key in ("date", "triton", "torch", "device")}}
+    return merged, {"merged": note}
+
+
+def write_table(arch: str, table: dict, path: Path, extra_meta: dict | None = None) -> None:
     import triton
 
     data = {
@@ -242,6 +264,7 @@ def write_table(arch: str, table: dict, path: Path) -> None:
             "how": f"CUDA-graph replay over rotated weight copies (>= 4x L2), median of CUDA events; bf16, symmetric, G={GROUP_SIZE}; shapes "
                    f"{sorted(SHAPES)}; per bucket the best geometric-mean config plus exact-shape overrides "
                    f"where a shape's own best is > {OVERRIDE_GAIN}x faster",
+            **(extra_meta or {}),
         },
         "defaults": {"num_stages": 3, "split_k": 1, "w_left": False},
         **table,
@@ -257,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, help="also write every timing here (JSON)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"models, from {sorted(SHAPES)}")
     parser.add_argument("--m", default=",".join(map(str, M_BUCKETS)), help="M buckets")
+    parser.add_argument("--merge", action="store_true",
+                        help="re-tune only the --m buckets: keep the table's other buckets, their overrides and its "
+                             "dequant_blas entries, and note the re-tuned buckets in its meta")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("tune needs a GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -267,9 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tuning {arch} ({torch.cuda.get_device_name()}): {len(shapes)} shapes x {len(m_values)} M buckets, "
           f"{sum(len(candidates(m, wgmma_usable())) for m in m_values)} configs per shape", flush=True)
     path = args.out or CONFIG_DIR / f"{arch}.json"
+    base = json.loads((CONFIG_DIR / f"{arch}.json").read_text()) if args.merge else None
 
     def save(results: list[dict]) -> None:
-        write_table(arch, build_table(results), path)
+        if base is None:
+            write_table(arch, build_table(results), path)
+        else:
+            table, meta = merge_tables(base, build_table(results), m_values)
+            write_table(arch, table, path, meta)
         if args.results:
             args.results.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {path} ({len(results)} cases)", flush=True)
