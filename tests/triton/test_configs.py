@@ -158,3 +158,27 @@ def test_a_merged_retune_replaces_only_its_buckets(tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.get_device_name", lambda *args: "NVIDIA H200")  # the tuner runs on a GPU
     write_table("sm_90", table, path, meta)
     assert json.loads(path.read_text())["meta"]["merged"]["retuned_m"] == [64]
+
+
+def test_a_merged_retune_of_the_large_buckets_re_derives_the_dequant_blas_crossovers():
+    """tune --merge over every bucket from some M up: the dequant_blas crossovers come from the new times; one at
+    the smallest re-tuned bucket keeps a lower crossover of the old table (its lower buckets were not re-timed)."""
+    from w4a16.triton.tune import build_table, merge_tables
+
+    config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4}
+    base = {"buckets": [{"m": m, "rules": [{"when": "any", "config": config}]} for m in (64, 256, 512, 1024)],
+            "dequant_blas_min_m": 512,
+            "dequant_blas_overrides": [{"n": 8, "k": 64, "min_m": 64}, {"n": 16, "k": 64, "min_m": None}]}
+    fused = {256: 10.0, 512: 20.0, 1024: 40.0}
+    blas = {(8, 64): {256: 9.0, 512: 18.0, 1024: 30.0},      # wins from 256 (and from 64 in the old run)
+            (16, 64): {256: 12.0, 512: 22.0, 1024: 50.0},    # never wins
+            (32, 64): {256: 12.0, 512: 21.0, 1024: 30.0}}    # wins from 1024 only (was the old default, 512)
+    results = [{"n": n, "k": k, "m": m, "configs": [(config, fused[m])], "dequant_blas_us": us}
+               for (n, k), by_m in blas.items() for m, us in by_m.items()]
+    new = build_table(results)
+    table, _ = merge_tables(base, new, [256, 512, 1024])
+    assert table["dequant_blas_min_m"] == 1024  # geometric mean at 512: (18 * 22 * 21) ** (1/3) = 20.3 > 20
+    assert table["dequant_blas_overrides"] == [{"n": 8, "k": 64, "min_m": 64}, {"n": 16, "k": 64, "min_m": None}]
+    # Not every bucket from 256 up re-tuned: the crossovers stay the old table's.
+    table, _ = merge_tables(base, build_table([r for r in results if r["m"] == 256]), [256])
+    assert table["dequant_blas_min_m"] == 512 and table["dequant_blas_overrides"] == base["dequant_blas_overrides"]

@@ -230,19 +230,43 @@ def build_table(results: list[dict]) -> dict:
             "dequant_blas_overrides": blas_overrides}
 
 
+def _merged_crossover(new: int | None, old: int | None, lowest_retuned: int) -> int | None:
+    """A dequant_blas crossover when only the buckets from `lowest_retuned` up were re-timed. A new crossover above
+    that bucket is exact (dequant_blas lost in a re-timed bucket below it). One at that bucket says only that it
+    wins from there up: the old table's lower crossover, if it had one, still stands for the buckets not re-timed."""
+    if new is None or new > lowest_retuned:
+        return new
+    return old if old is not None and old <= lowest_retuned else lowest_retuned
+
+
+def _merged_dequant_blas(base: dict, table: dict, lowest_retuned: int) -> dict:
+    """The dequant_blas entries of a merge that re-timed every bucket from `lowest_retuned` up."""
+    old_min, new_min = base.get("dequant_blas_min_m"), table["dequant_blas_min_m"]
+    old = {(o["n"], o["k"]): o["min_m"] for o in base.get("dequant_blas_overrides", [])}
+    new = {(o["n"], o["k"]): o["min_m"] for o in table["dequant_blas_overrides"]}
+    min_m = _merged_crossover(new_min, old_min, lowest_retuned)
+    by_shape = {shape: _merged_crossover(new.get(shape, new_min), old.get(shape, old_min), lowest_retuned)
+                for shape in sorted(old.keys() | new.keys())}
+    return {"dequant_blas_min_m": min_m,
+            "dequant_blas_overrides": [{"n": n, "k": k, "min_m": m} for (n, k), m in by_shape.items() if m != min_m]}
+
+
 def merge_tables(base: dict, table: dict, m_values: list[int]) -> tuple[dict, dict]:
     """`base` (a written table) with the buckets m_values and their overrides taken from `table` (build_table's
-    output for those buckets only); the dequant_blas entries stay base's (they need every bucket). Returns the
+    output for those buckets only). The dequant_blas entries need the larger buckets: they are re-derived when
+    every bucket of base from the smallest re-tuned one up was re-tuned, and stay base's otherwise. Returns the
     table and the meta entry saying which buckets came from which run."""
     tuned = set(m_values)
     meta = base.get("meta", {})
+    suffix = all(b["m"] in tuned for b in base["buckets"] if b["m"] >= min(tuned))
     merged = {
         "buckets": sorted([b for b in base["buckets"] if b["m"] not in tuned] + table["buckets"],
                           key=lambda b: b["m"]),
         "overrides": sorted([o for o in base.get("overrides", []) if o["m"] not in tuned] + table["overrides"],
                             key=lambda o: (o["m"], o["n"], o["k"])),
-        "dequant_blas_min_m": base.get("dequant_blas_min_m"),
-        "dequant_blas_overrides": base.get("dequant_blas_overrides", []),
+        **(_merged_dequant_blas(base, table, min(tuned)) if suffix else {
+            "dequant_blas_min_m": base.get("dequant_blas_min_m"),
+            "dequant_blas_overrides": base.get("dequant_blas_overrides", [])}),
     }
     earlier = meta.get("merged", {})
     note = {"retuned_m": sorted(tuned), "other_buckets_from": earlier.get("other_buckets_from") or {
@@ -281,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"models, from {sorted(SHAPES)}")
     parser.add_argument("--m", default=",".join(map(str, M_BUCKETS)), help="M buckets")
     parser.add_argument("--merge", action="store_true",
-                        help="re-tune only the --m buckets: keep the table's other buckets, their overrides and its "
-                             "dequant_blas entries, and note the re-tuned buckets in its meta")
+                        help="re-tune only the --m buckets: keep the table's other buckets and their overrides, and its "
+                             "dequant_blas entries unless the --m buckets are all of the table's from the smallest "
+                             "up; note the re-tuned buckets in its meta")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("tune needs a GPU (torch.cuda.is_available() is False)", file=sys.stderr)
