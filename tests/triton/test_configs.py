@@ -182,3 +182,24 @@ def test_a_merged_retune_of_the_large_buckets_re_derives_the_dequant_blas_crosso
     # Not every bucket from 256 up re-tuned: the crossovers stay the old table's.
     table, _ = merge_tables(base, build_table([r for r in results if r["m"] == 256]), [256])
     assert table["dequant_blas_min_m"] == 512 and table["dequant_blas_overrides"] == base["dequant_blas_overrides"]
+
+
+def test_the_tuner_times_its_finalists_in_turn_and_keeps_the_medians():
+    """The re-timing after a sweep: the fastest configs within the margin, at most FINALISTS of them; every timer
+    called once per round, in turn; the median of each kept."""
+    from w4a16.triton import tune
+
+    sweep = [({"id": i}, us) for i, us in enumerate([10.0, 10.5, 30.0, 10.9, 11.2, 10.2])]
+    assert tune._finalists(sweep) == [{"id": 0}, {"id": 5}, {"id": 1}, {"id": 3}][:tune.FINALISTS]
+    calls = []
+    samples = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0])}
+
+    def timer(key):
+        def measure():
+            calls.append(key)
+            return next(samples[key])
+        return measure
+
+    medians = tune._interleaved_medians({key: timer(key) for key in samples}, 3)
+    assert medians == {"a": 3.0, "b": 4.0}
+    assert calls == ["a", "b"] * 3
