@@ -318,8 +318,9 @@ def write_table(arch: str, table: dict, path: Path, extra_meta: dict | None = No
             "date": datetime.date.today().isoformat(),
             "device": torch.cuda.get_device_name(),
             "how": f"CUDA-graph replay over rotated weight copies (>= 4x L2), median of CUDA events; bf16, symmetric, G={GROUP_SIZE}; shapes "
-                   f"{sorted(SHAPES)}; per bucket the best geometric-mean config plus exact-shape overrides "
-                   f"where a shape's own best is > {OVERRIDE_GAIN}x faster",
+                   f"{sorted(SHAPES)}; per case the {FINALISTS} fastest configs within {FINALIST_MARGIN}x, "
+                   f"dequant_blas and torch timed again in turn, medians of {FINAL_ROUNDS}; per bucket the best "
+                   f"geometric-mean config plus exact-shape overrides where a shape's own best is > {OVERRIDE_GAIN}x faster",
             **(extra_meta or {}),
         },
         "defaults": {"num_stages": 3, "split_k": 1, "w_left": False},
