@@ -158,8 +158,9 @@ def _interleaved_medians(timers: dict, rounds: int) -> dict:
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
-def _finalists(configs: list[tuple[dict, float]]) -> list[dict]:
-    """The sweep's fastest configs worth timing again: at most FINALISTS, within FINALIST_MARGIN of the best."""
+def _finalists(configs: list[tuple]) -> list:
+    """Of the sweep's (config, µs) pairs, the configs worth timing again: the fastest, at most FINALISTS, within
+    FINALIST_MARGIN of the best."""
     ranked = sorted(configs, key=lambda entry: entry[1])
     return [cfg for cfg, us in ranked[:FINALISTS] if us <= FINALIST_MARGIN * ranked[0][1]]
 
