@@ -15,11 +15,11 @@
 //
 // Dequantization: one LOP3 per pair (plus its shift) makes the magic (offset + q) pairs (dequant.h). With G = 128 a
 // k-step is exactly one group, so A is those raw pairs and the group's correction comes after the mma, in fp32:
-// sum_k (q - z) s x = s * (D - (offset + z) * sum_k x), with sum_k x staged per k-step (the raw-dot variant of
-// DESIGN.md; nothing is rounded before accumulation). With G = 32 or 64 the four chunks of a k-step belong to
-// different groups, so A is dequantized before the mma: a packed FMA by 1.0 subtracts (offset + z) exactly and a
-// second multiplies by s, rounded to the activation dtype once per weight (as torch on a dequantized weight, and
-// as the Triton path).
+// sum_k (q - z) s x = s * (D - (offset + z) * sum_k x) (the raw-dot variant of DESIGN.md; nothing is rounded before
+// accumulation), with sum_k x from the tensor cores too: the unit's B against an A of ones (mma_unit). With G = 32
+// or 64 the four chunks of a k-step belong to different groups, so A is dequantized before the mma: a packed FMA
+// by 1.0 subtracts (offset + z) exactly and a second multiplies by s, rounded to the activation dtype once per
+// weight (as torch on a dequantized weight, and as the Triton path).
 //
 // Work split. A cluster of 1, 2 or 4 blocks (the launcher picks; skinny_kernel.cu) owns a balanced contiguous range
 // of 16-row tiles and walks it kSplitKTileRows rows (a round) at a time. Its blocks split the k-steps, and each
@@ -27,13 +27,12 @@
 // (rows, k-step) units in flight in a ring of kPipelineDepth register slots, across row boundaries, so the weight
 // stream does not drain at the end of a round; a slot is refilled right after its unit is computed (see the loop).
 // The warps' partial sums meet in shared memory, the blocks' sums in distributed shared memory; bias and the cast
-// happen in that reduction. Clusters pay off where
-// x is large (M * K): each block stages only the part of x its k-steps read (csrc/PERF.md).
+// happen in that reduction. In a cluster each block stages only the part of x its k-steps read; since x is staged
+// by cp.async that pays off only for the largest x (M * K; skinny_kernel.cu, csrc/PERF.md).
 //
-// Shared memory (dynamic, shared_bytes below): xs [M][K] 16-bit (pieces rotated, xs_piece), the sums of x per k-step
-// sx [steps][M rounded up to even] fp32, the split-K partials [kWarps][M][kSplitKPartialStride] fp32, then the
-// block's round sums [kClusterRoundSlots][M][kSplitKTileRows] fp32 (clusters only). Each warp stages (and alone
-// reads) the k-steps of xs and sx that it owns.
+// Shared memory (dynamic, shared_bytes below): xs [M][K] 16-bit (pieces rotated, xs_piece), the split-K partials
+// [kWarps][M][kSplitKPartialStride] fp32, then the block's round sums [kClusterRoundSlots][M][kSplitKTileRows] fp32
+// (clusters only). Each warp stages (and alone reads) the k-steps of xs that it owns.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -54,14 +53,10 @@ constexpr int kPipelineDepth = 3;
 // Independent accumulators per sub-tile for a unit's 8 mmas: 2 measured 0-2% faster than 1, 4 no better.
 constexpr int kMmaChains = 2;
 
-// Columns of the staged sums of x: M rounded up to even, so a lane reads its two columns (2t, 2t + 1) at once.
-W4A16_HD constexpr int sum_columns(int m) { return (m + 1) / 2 * 2; }
 W4A16_HD constexpr int k_steps(int k) { return (k / kChunkK + 3) / 4; }
 // Dynamic shared memory of one launch. Within staging_bytes(m * k) + split_k_partial_bytes(m), which the table's
-// budget guarantees (portability.h): the sums take (K / 128) * sum_columns(M) floats <= M * K / 32.
-W4A16_HD constexpr int shared_bytes(int m, int k) {
-  return m * k * 2 + k_steps(k) * sum_columns(m) * 4 + split_k_partial_bytes(m);
-}
+// budget guarantees (portability.h).
+W4A16_HD constexpr int shared_bytes(int m, int k) { return m * k * 2 + split_k_partial_bytes(m); }
 
 template <typename Tag>
 struct Packed;
@@ -150,9 +145,8 @@ __device__ __forceinline__ uint32_t a_pair(const Unit& u, int s, int h, int j, i
 
 // acc += this unit's 32 rows x 128 k against the staged activations of k-step `step`.
 template <typename Tag, int G, int M>
-__device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit& u, const Words4* xs,
-                                         const float* sx, int step, int chunks, int lane) {
-  constexpr int kSumColumns = sum_columns(M);
+__device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit& u, const Words4* xs, int step,
+                                         int chunks, int lane) {
   const int g = lane >> 2, t = lane & 3;
   // B: the 32 activations of row g matching this lane's chunk. Columns g >= M are padding whose results are
   // never stored, so they read row M - 1 (no predicate, see load_unit); past K (G < 128) B must be zero.
@@ -166,10 +160,17 @@ __device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit&
 #pragma unroll
     for (int e = 0; e < 4; ++e) b[p * 4 + e] = piece.w[e];
   }
-  // The staged sums of columns 2t, 2t + 1 (G = 128); lanes whose columns are all padding read the last pair.
+  // With G = 128, the sums of x over the k-step for columns 2t, 2t + 1 (the C fragment's): the same B against an A
+  // of ones, whose every product row is the column sum (exact products, fp32 sums). Staging these sums from the
+  // pieces of x instead (fp32 adds and shuffles per slice) made x staging the M = 5 penalty (csrc/PERF.md).
   float2 sum_x = make_float2(0.f, 0.f);
-  if constexpr (G == kStepK)
-    sum_x = *reinterpret_cast<const float2*>(sx + step * kSumColumns + min(2 * t, kSumColumns - 2));
+  if constexpr (G == kStepK) {
+    const uint32_t ones[4] = {Packed<Tag>::kOne, Packed<Tag>::kOne, Packed<Tag>::kOne, Packed<Tag>::kOne};
+    float d[2][4] = {};
+#pragma unroll
+    for (int q = 0; q < 8; ++q) mma_16x8x16(d[q % 2], ones, b[2 * q], b[2 * q + 1], Tag{});
+    sum_x = make_float2(d[0][0] + d[1][0], d[0][1] + d[1][1]);
+  }
 #pragma unroll
   for (int s = 0; s < kSubTiles; ++s) {
     // The unit's 8 mmas per sub-tile go round-robin into kMmaChains independent accumulators, so consecutive
@@ -296,55 +297,30 @@ __device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* 
 }
 
 // Staging x. A warp stages the (row m, k-step) slices of x that its own k-steps read: 256 bytes each, 16 pieces of
-// 16 bytes. The warp's M * steps * 16 pieces are dealt to its lanes in turn, kStageLoads per lane in flight; the 16
-// lanes holding one slice add up its 128 values with shuffles (the sum of x per k-step, for the G = 128 correction).
-// Spreading the pieces over all lanes measured 4-13% faster at M = 1 than a lane per slice on seven of the eight
-// bench layers, Llama gate_up unchanged (csrc/PERF.md): a lane per slice issued 16 loads and summed 128 values
-// alone, and at M = 1 only a few lanes of each warp had a slice.
+// 16 bytes, dealt to its lanes in turn and copied global -> shared by cp.async, all in flight at once and holding no
+// registers. With loads into registers (4 per lane in flight, then stores) the staging took several round trips
+// before the first unit, and at M = 5 it cost Llama down 30% over M = 1 (csrc/PERF.md).
 constexpr int kSlicePieces = kStepK * 2 / 16;
-constexpr int kStageLoads = 4;
 
-struct XPieces {
-  Words4 v[kStageLoads];
-};
-
-// Loads the pieces base .. base + 32 * kStageLoads - 1 of this warp's slices (none past the last, and zeros for
-// chunks past K when G < 128).
-template <int G, int M>
-__device__ __forceinline__ void load_x_pieces(XPieces& p, const uint16_t* __restrict__ x, int base, int step_begin,
-                                              int steps, int k, int chunks, int lane) {
-  const int pieces = M * steps * kSlicePieces;
-#pragma unroll
-  for (int r = 0; r < kStageLoads; ++r) {
-    const int i = base + r * 32 + lane, slice = i / kSlicePieces, piece = i % kSlicePieces;
-    const int m = slice / steps, step = step_begin + slice - m * steps;
-    const bool live = i < pieces && (G == kStepK || step * 4 + piece / 4 < chunks);
-    p.v[r] = live ? reinterpret_cast<const Words4*>(x + (size_t)m * k)[step * kSlicePieces + piece]
-                  : Words4{{0u, 0u, 0u, 0u}};
-  }
+__device__ __forceinline__ void copy_async_16(Words4* dst, const Words4* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
 }
+// Waits for this thread's cp.async copies; they are then visible to it (other lanes: after __syncwarp).
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Stores what load_x_pieces loaded into xs and, with G = 128, the sums of its slices into sx.
-template <typename Tag, int G, int M>
-__device__ __forceinline__ void store_x_pieces(const XPieces& p, Words4* xs, float* sx, int base, int step_begin,
-                                               int steps, int chunks, int lane) {
+// Requests every piece of this warp's slices into xs (none past K when G < 128: mma_unit reads zeros there).
+template <int G, int M>
+__device__ __forceinline__ void copy_x_slices(Words4* xs, const uint16_t* __restrict__ x, int step_begin, int steps,
+                                              int k, int chunks, int lane) {
   const int pieces = M * steps * kSlicePieces;
-#pragma unroll
-  for (int r = 0; r < kStageLoads; ++r) {
-    if (base + r * 32 >= pieces) break;  // the same for the whole warp: the shuffles below see every lane
-    const int i = base + r * 32 + lane, slice = i / kSlicePieces, piece = i % kSlicePieces;
+  for (int i = lane; i < pieces; i += 32) {
+    const int slice = i / kSlicePieces, piece = i % kSlicePieces;
     const int m = slice / steps, step = step_begin + slice - m * steps, c = step * 4 + piece / 4;
-    if (i < pieces && (G == kStepK || c < chunks)) xs[m * chunks * 4 + xs_piece(m, c, piece % 4)] = p.v[r];
-    if constexpr (G == kStepK) {
-      float sum = 0.f;
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        sum += to_float(uint16_t(p.v[r].w[e] & 0xFFFFu), Tag{}) + to_float(uint16_t(p.v[r].w[e] >> 16), Tag{});
-      // A slice's 16 pieces sit in 16 consecutive lanes (pieces is a multiple of 16, base of 32).
-#pragma unroll
-      for (int mask = kSlicePieces / 2; mask >= 1; mask >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, mask);
-      if (i < pieces && piece == 0) sx[step * sum_columns(M) + m] = sum;
-    }
+    if (G == kStepK || c < chunks)
+      copy_async_16(xs + m * chunks * 4 + xs_piece(m, c, piece % 4),
+                    reinterpret_cast<const Words4*>(x + (size_t)m * k) + step * kSlicePieces + piece);
   }
 }
 
@@ -363,14 +339,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
     return;
   }
-  constexpr int kSumColumns = sum_columns(M);
   extern __shared__ Words4 smem[];
   const int chunks = k / kChunkK;
   const int groups = k / G;
   const int steps = k_steps(k);
   Words4* xs = smem;                                                   // [M][chunks * 4] pieces
-  float* sx = reinterpret_cast<float*>(smem + M * chunks * 4);         // [steps][kSumColumns]
-  float* partials = sx + steps * kSumColumns;                          // [kWarps][M][kSplitKPartialStride]
+  float* partials = reinterpret_cast<float*>(smem + M * chunks * 4);   // [kWarps][M][kSplitKPartialStride]
   float* round_sums = partials + kWarps * M * kSplitKPartialStride;     // [kClusterRoundSlots][M][kSplitKTileRows]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -402,22 +376,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   Unit ring[kPipelineDepth];
-  // The first pieces of x are requested before the weights, so they do not queue behind them; the first units'
-  // weights are then in flight while the warp stages x.
-  XPieces x_pieces;
-  load_x_pieces<G, M>(x_pieces, x, 0, step_begin, my_steps, k, chunks, lane);
 #pragma unroll
   for (int d = 0; d < kPipelineDepth; ++d) load_next(ring[d]);
-
-  // Each warp stages the part of x its own k-steps read (load_x_pieces). No other warp reads that part, so a warp
-  // starts computing as soon as its own part is in, without a block-wide barrier (measured 0-6% faster than staging
-  // by the whole block; csrc/PERF.md).
-  for (int base = 0; base < M * my_steps * kSlicePieces; base += 32 * kStageLoads) {
-    if (base > 0) load_x_pieces<G, M>(x_pieces, x, base, step_begin, my_steps, k, chunks, lane);
-    store_x_pieces<Tag, G, M>(x_pieces, xs, sx, base, step_begin, my_steps, chunks, lane);
-  }
-  if constexpr (G == kStepK && kSumColumns > M)  // the padding column of an odd M
-    for (int j = lane; j < my_steps; j += 32) sx[(step_begin + j) * kSumColumns + M] = 0.f;
+  // Each warp stages the part of x its own k-steps read, while its first units' weights are in flight. No other
+  // warp reads that part, so a warp starts computing as soon as its own part is in, without a block-wide barrier
+  // (measured 0-6% faster than staging by the whole block; csrc/PERF.md).
+  copy_x_slices<G, M>(xs, x, step_begin, my_steps, k, chunks, lane);
+  copy_async_wait_all();
   __syncwarp();
 
   float acc[kSubTiles][4];
@@ -425,6 +390,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int s = 0; s < kSubTiles; ++s)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[s][e] = 0.f;
+  // Wait for the ring's first units here, before the loop. Without a use of them before the loop, ptxas (CUDA 13.0)
+  // waits for every load in flight before each unit, the refills just issued included, instead of once per pass
+  // over the ring: Llama gate_up took 26% longer (csrc/PERF.md). `never` is 0 for every launch (n > 0), but the
+  // compiler cannot know it, so the use survives and adds +0.0f.
+  {
+    const uint32_t never = uint32_t(n) >> 31;
+    const uint32_t words = ring[0].w[0][0].w[0] ^ ring[kPipelineDepth - 1].w[0][0].w[0];
+    acc[0][0] += __uint_as_float(words & never);
+  }
   if (units == 0) {  // more warps than k-steps: this one only takes part in the reductions
     for (int round = 0; round < rounds; ++round)
       finish_round<Tag, M, kClustered>(acc, partials, round_sums, round, rounds, row_begin, row_end, bias, out, n,
@@ -444,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int d = 0; d < kPipelineDepth; ++d) {
       if (base + d < units) {
-        mma_unit<Tag, G, M>(acc, ring[d], xs, sx, step_begin + j, chunks, lane);
+        mma_unit<Tag, G, M>(acc, ring[d], xs, step_begin + j, chunks, lane);
         if (loaded < units) load_next(ring[d]);
         if (++j == my_steps) {
           finish_round<Tag, M, kClustered>(acc, partials, round_sums, round, rounds, row_begin, row_end, bias, out,
