@@ -100,14 +100,14 @@ int max_active_clusters(const void* kernel, int size, int threads, int shared_by
 }
 
 // Blocks per cluster for a shape, when the caller leaves it open. Measured on the H200 (csrc/PERF.md), not modelled:
-// - A lone block stages all of x (M * K * 2 bytes from L2) before its warps start; past M * K = 20480 (40 KB)
-//   that costs more than a cluster's overheads, and splitting K over the cluster splits the staging too
-//   (Llama-3.1-8B down at M = 5: 20.8 -> 18.6 µs; Qwen3-4B down: 14.9 -> 11.9). At M * K = 20480 clusters won
-//   or lost up to 5% by layer; below it they were as fast or slower, even on the layers whose 160 row tiles
-//   leave some SMs twice the bytes of others.
+// - Splitting K over a cluster splits the staging of x too (M * K * 2 bytes from L2 per lone block). Since x is
+//   staged by cp.async (all of a warp's pieces in flight at once), that no longer pays for a cluster's overheads:
+//   up to M * K = 86016 single blocks were faster on every bench layer, by up to 25% (Llama-3.1-8B o at M = 8:
+//   8.42 -> 6.76 µs; Llama down at M = 2: 15.48 -> 13.38), except Qwen3-4B down at M = 7 and 8 (4 blocks 3.4% and
+//   1.5% faster). Above it, the one bench case (Llama down at M = 7) ran the same in 1 and 2 blocks.
 // - Clusters that walk many rounds lose (Llama gate_up, 14 rounds at 2 blocks: 26.8 -> 35.4 µs): so the largest
 //   size whose clusters walk at most kClusterMaxRounds rounds.
-constexpr long long kClusterMinStaged = 20480;
+constexpr long long kClusterMinStaged = 86016;
 constexpr int kClusterMaxRounds = 3;
 static_assert(kClusterMaxRounds <= kClusterRoundSlots, "one cluster reduction at the end of the walk");
 int cluster_size_for(int m, int n, int k, const int (&clusters)[3]) {
