@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import sass
+
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION_SOURCES = ("binding.cpp", "skinny_kernel.cu")
 DEVICE_SOURCE = "skinny_kernel.cu"
@@ -130,9 +132,9 @@ def compile_device(arch: str, out_dir: str | os.PathLike, defines: tuple[str, ..
         log = _run([nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", *flags, source, "-o", str(cubin)]).stderr
         cuobjdump = cuobjdump_path()
         if cuobjdump:
-            sass = _run([cuobjdump, "-sass", str(cubin)]).stdout
+            listing = _run([cuobjdump, "-sass", str(cubin)]).stdout
             asm = out / "skinny_sm_90.sass"
-            asm.write_text(sass)
+            asm.write_text(listing)
             return {"asm": asm, "log": log, "kind": "sass"}
         asm = out / "skinny_sm_90.ptx"
         _run([nvcc, "-arch=sm_90", "-ptx", *flags, source, "-o", str(asm)])
@@ -171,7 +173,14 @@ def asm_stats(arch: str, compiled: dict) -> dict:
         stats["static_shared_bytes"] = max((int(v) for v in re.findall(r"^\s+\.group_segment_fixed_size:\s+(\d+)", text, re.M)), default=0)
         probe = re.search(rf"^{PROBE_SYMBOL}:\s*\n\s*\.long\s+(\d+)", text, re.M)
     else:
-        stats["instructions"] = _count(_SASS_PATTERNS if compiled["kind"] == "sass" else _PTX_PATTERNS, text)
+        if compiled["kind"] == "sass":
+            functions = sass.functions(text)
+            # Counted over the instructions alone: the listing is mostly hex words, and 10x faster to skip.
+            stats["instructions"] = _count(_SASS_PATTERNS, "\n".join(i.text for f in functions.values() for i in f))
+            stats["refill_waits"] = {kernel_label(name): len(sass.refill_waits(instructions))
+                                     for name, instructions in functions.items() if "skinny_gemm_kernel" in name}
+        else:
+            stats["instructions"] = _count(_PTX_PATTERNS, text)
         regs = [int(v) for v in re.findall(r"skinny_gemm_kernel[^\n]*\n[^\n]*\n[^\n]*Used (\d+) registers", log)]
         stats["kernels"] = len(re.findall(r"Compiling entry function '\S*skinny_gemm_kernel", log))
         stats["registers"] = (min(regs), max(regs)) if regs else (0, 0)
@@ -184,6 +193,19 @@ def asm_stats(arch: str, compiled: dict) -> dict:
             probe = _cubin_probe(cubin)
     stats["probe_staging_elements"] = int(probe.group(1)) if hasattr(probe, "group") else probe
     return stats
+
+
+_KERNEL_ARGS = re.compile(r"skinny_gemm_kernelINS_\d+(\w+?)TagELi(\d+)ELb([01])ELi(\d+)ELb([01])E")
+
+
+def kernel_label(mangled: str) -> str:
+    """'bf16 G=128 sym M=8 cluster' for a mangled tensor-core skinny_gemm_kernel instantiation."""
+    args = _KERNEL_ARGS.search(mangled)
+    if not args:
+        return mangled
+    dtype, group, symmetric, rows, clustered = args.groups()
+    return (f"{dtype.lower()} G={group} {'sym' if symmetric == '1' else 'asym'} M={rows} "
+            f"{'cluster' if clustered == '1' else 'single'}")
 
 
 def _cubin_probe(cubin: Path) -> int | None:
@@ -204,6 +226,11 @@ def format_summary(stats: dict) -> str:
     lines.append(f"  {unit} per thread: {lo}..{hi}; spills: {stats['spills']} ; scratch/stack: {stats['scratch_bytes']} B;"
                  f" static shared: {stats['static_shared_bytes']} B (activations use dynamic shared memory)")
     lines.append(f"  staging budget compiled into the device code: {stats['probe_staging_elements']} elements")
+    if "refill_waits" in stats:
+        waiting = sorted(label for label, n in stats["refill_waits"].items() if n)
+        lines.append(f"  weight-ring loop waits once per pass in {len(stats['refill_waits']) - len(waiting)} of "
+                     f"{len(stats['refill_waits'])} instantiations"
+                     + (f"; waits on its own refills in: {', '.join(waiting)}" if waiting else ""))
     for label, count in stats["instructions"].items():
         lines.append(f"  {count:8d}  {label}")
     return "\n".join(lines)
