@@ -5,7 +5,7 @@
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 [-I<dir of the variant header>] -Icsrc \
 //        -o /tmp/time_skinny tests/csrc/time_skinny.cu
-//   /tmp/time_skinny                      # the eight bench layers at M = 1 and 5, plus three fp16 G = 32 cases
+//   /tmp/time_skinny                      # the eight bench layers at M = 1, 5 and 8, plus three fp16 G = 32 cases
 //   TIME_SKINNY_LAYER=llama_gate_up /tmp/time_skinny     # M = 1 of one layer (for ncu)
 //
 // Protocol as bench_skinny.py, but single-block launches only (no clusters): CUDA-graph replay over >= 512 MB of
@@ -123,6 +123,7 @@ int main() {
     if (only && std::strcmp(only, l.name)) continue;
     time_layer<1>(l.name, l.n, l.k, sms);
     if (!only) time_layer<5>(l.name, l.n, l.k, sms);
+    if (!only) time_layer<8>(l.name, l.n, l.k, sms);
   }
   if (only) return 0;
   for (const Layer& l : {layers[0], layers[2], layers[5]}) {
