@@ -202,6 +202,11 @@ def test_compare_regression_of_ours_fails(tmp_path):
     assert [c.key[-1] for c in comparison.failures] == ["skinny"]
     assert comparison.failures[0].ratio == pytest.approx(1.2)
     assert "REGRESSED (ours)" in comparison.report() and "+20.0%" in comparison.report()
+    # the peers of the same shape and M are shown next to it
+    moved = results.load_run(_write_run(tmp_path / "moved.json", "2026-01-02T00:00:00",
+                                        _scaled(_scaled(BASE, 1.2, {"skinny"}), 1.07, {"torch_bf16"})))
+    [line] = [ln for ln in results.compare(moved, base, 0.10).report().splitlines() if "+20.0%" in ln]
+    assert line.endswith("(+20.0%); peers here: torch_bf16 +7.0%, tinygemm +0.0%")
     # a looser threshold lets the same runs pass
     assert results.compare(cur, base, 0.25).ok
 

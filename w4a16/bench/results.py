@@ -6,7 +6,8 @@ bench times with `w4a16.bench.timing.device_clock`), so the median of a stored r
 
 --compare gates our backends (auto, skinny, triton, dequant_blas): a case regresses when its median grows by more
 than the threshold over the newest stored baseline of this arch. Peers are compared and printed too, but do not
-fail the run: a slower cuBLAS is news about the machine, not about this code. A case of ours that the baseline
+fail the run: a slower cuBLAS is news about the machine, not about this code (next to a regressed case of ours the
+report shows how the peers of the same shape and M moved). A case of ours that the baseline
 has and this run was asked to measure but did not (a kernel that now refuses or skips) is a failure as well.
 """
 
@@ -187,12 +188,24 @@ class Comparison:
                 lines.append(f"{title}:")
                 for c in sorted(items, key=lambda c: -c.ratio):
                     lines.append(f"  {_key_text(c.key):60s} {c.baseline_s * 1e6:9.2f} -> {c.current_s * 1e6:9.2f} us"
-                                 f"  ({c.ratio - 1:+.1%})")
+                                 f"  ({c.ratio - 1:+.1%}){self._peer_context(c)}")
         if self.missing:
             lines.append("MISSING (ours: in the baseline, asked for, not measured this run):")
             lines += [f"  {_key_text(k)}" for k in self.missing]
         lines.append("compare: PASS" if self.ok else "compare: FAIL")
         return "\n".join(lines)
+
+
+    def _peer_context(self, change: Change) -> str:
+        """For a case of ours: how the peers of the same shape and M moved between the two runs. Peers moving too
+        points at the machine (clocks, another tenant) rather than at the code."""
+        if not change.gated:
+            return ""
+        peers = sorted((c for c in self.changes if not c.gated and c.key[:-1] == change.key[:-1]),
+                       key=lambda c: PEERS.index(c.key[-1]) if c.key[-1] in PEERS else len(PEERS))
+        if not peers:
+            return ""
+        return "; peers here: " + ", ".join(f"{c.key[-1]} {c.ratio - 1:+.1%}" for c in peers)
 
 
 def _key_text(key: tuple) -> str:
