@@ -7,8 +7,8 @@ bench times with `w4a16.bench.timing.device_clock`), so the median of a stored r
 --compare gates our backends (auto, skinny, triton, dequant_blas): a case regresses when its median grows by more
 than the threshold over the newest stored baseline of this arch. Peers are compared and printed too, but do not
 fail the run: a slower cuBLAS is news about the machine, not about this code (next to a regressed case of ours the
-report shows how the peers of the same shape and M moved). A case of ours that the baseline
-has and this run was asked to measure but did not (a kernel that now refuses or skips) is a failure as well.
+report shows how the peers of the same shape and M moved). A case of ours that the baseline has and this run was
+asked to measure but did not (a kernel that now refuses or skips) is a failure as well.
 """
 
 from __future__ import annotations
