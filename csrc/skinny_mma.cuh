@@ -394,9 +394,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // waits for every load in flight before each unit, the refills just issued included, instead of once per pass
   // over the ring: Llama gate_up took 26% longer (csrc/PERF.md). `never` is 0 for every launch (n > 0), but the
   // compiler cannot know it, so the use survives and adds +0.0f. Two words suffice, except at M = 8 with G = 128
-  // and no zero points, where ptxas gives those two loads a scoreboard of their own: there the use takes every
-  // register the ring loaded. (That larger use elsewhere changes loops that are right as they are, untimed.)
-  // tests/csrc/test_device_compile.py checks the outcome for every instantiation.
+  // and no zero points, where ptxas gives those two loads a scoreboard of their own: there the use takes a word of
+  // every load the ring issued. Elsewhere that larger use reschedules loops that need no change (untimed), so it
+  // is kept to those. tests/csrc/test_device_compile.py checks the outcome for every instantiation.
   {
     const uint32_t never = uint32_t(n) >> 31;
     uint32_t words = ring[0].w[0][0].w[0] ^ ring[kPipelineDepth - 1].w[0][0].w[0];
