@@ -49,9 +49,6 @@ class Instruction(NamedTuple):
     def waits_on(self, scoreboard: int) -> bool:
         return bool(self.wait_mask >> scoreboard & 1)
 
-    def __str__(self) -> str:
-        return f"/*{self.address:04x}*/ {self.text}"
-
 
 def functions(sass: str) -> dict[str, list[Instruction]]:
     """Every function of a `cuobjdump -sass` listing: its mangled name -> its instructions in address order."""
@@ -69,9 +66,10 @@ def _loops(instructions: list[Instruction]) -> list[list[Instruction]]:
     index = {i.address: n for n, i in enumerate(instructions)}
     loops = []
     for end, branch in enumerate(instructions):
-        target = _BRANCH_TARGET.search(branch.text)
-        if target and int(target.group(1), 16) < branch.address and int(target.group(1), 16) in index:
-            loops.append(instructions[index[int(target.group(1), 16)]:end + 1])
+        found = _BRANCH_TARGET.search(branch.text)
+        target = int(found.group(1), 16) if found else None
+        if target is not None and target < branch.address and target in index:
+            loops.append(instructions[index[target]:end + 1])
     return loops
 
 

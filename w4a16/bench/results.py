@@ -195,7 +195,6 @@ class Comparison:
         lines.append("compare: PASS" if self.ok else "compare: FAIL")
         return "\n".join(lines)
 
-
     def _peer_context(self, change: Change) -> str:
         """For a case of ours: how the peers of the same shape and M moved between the two runs. Peers moving too
         points at the machine (clocks, another tenant) rather than at the code."""
