@@ -33,8 +33,8 @@ OURS = ("auto", "skinny", "triton", "dequant_blas")
 PEERS = ("torch_bf16", "torch_fp16", "naive", "tinygemm")
 BACKENDS = OURS + PEERS
 
-# The skinny kernel is a decode kernel (dispatch default: M <= 5); a few M past its limit show the edge, and a
-# forced call it refuses is skipped with its message.
+# The skinny kernel is a decode kernel (auto sends it M <= 5 by default, M <= 8 on sm_90: w4a16/dispatch_rules.json);
+# up to 8 the bench times it forced too, so the edge shows, and a forced call it refuses is skipped with its message.
 SKINNY_MAX_M = 8
 # dequant + BLAS pays a full dequantization per call: it only competes at prefill sizes.
 DEQUANT_BLAS_MIN_M = 16
