@@ -10,7 +10,10 @@
 //
 // Protocol as bench_skinny.py, but single-block launches only (no clusters): CUDA-graph replay over >= 512 MB of
 // weight copies, median of 15 replays. Each line ends with a checksum of the last call's output (a weighted sum and
-// the sum of magnitudes): a variant that computes the same thing in the same order prints the same checksum.
+// the sum of magnitudes): a variant that computes the same thing in the same order prints the same checksum. Then
+// "check ok" or "check FAILED": about 512 sampled output rows of that call against a float64 reference computed
+// here from the layout's definition (outputs start as NaN, so an unwritten one fails too); the exit status is 1
+// if any case failed. tests/csrc/ab_skinny.py builds and runs this file against several versions of csrc/.
 #include <cmath>
 #include <cstring>
 
@@ -54,6 +57,58 @@ float host_float(uint16_t bits) {
   }
 }
 
+// Whether every case so far passed its check.
+bool all_checks_passed = true;
+
+template <typename T>
+std::vector<T> download(const void* device, size_t count) {
+  std::vector<T> host(count);
+  CHECK(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// The sampled rows of y[M, n] against sum_k x[m, k] (q[row, k] - z) s in float64, q read by the layout's own rule
+// (w4a16/layout.py: k-offset j of a word at bit shift (j / 2) * 4 + (j % 2) * 16), independent of dequant.h.
+// Allowed error: the output's rounding (2^-8 relative) plus 2^-10 of sum_k |x w| (a 16-bit weight rounding is
+// 2^-11 of it, fp32 accumulation far less); a wrong scale, row or k-step is off by far more.
+template <typename Tag, int G, bool kSymmetric>
+const char* check_rows(int M, int n, int k, const char* qweight, const char* scales, const char* zeros,
+                       const uint16_t* x, const std::vector<uint16_t>& y) {
+  static char verdict[160];
+  const std::vector<uint16_t> xh = download<uint16_t>(x, (size_t)M * k);
+  const int groups = k / G;
+  double worst = 0;
+  for (int i = 0; i < 512; ++i) {
+    const int row = (int)((long long)i * (n - 1) / 511);
+    if (i && row == (int)((long long)(i - 1) * (n - 1) / 511)) continue;
+    const std::vector<uint32_t> words = download<uint32_t>(qweight + (size_t)row * k / 2, k / 8);
+    const std::vector<uint16_t> s = download<uint16_t>(scales + (size_t)row * groups * 2, groups);
+    const std::vector<uint8_t> z = kSymmetric ? std::vector<uint8_t>(groups, 8)
+                                              : download<uint8_t>(zeros + (size_t)row * groups, groups);
+    for (int m = 0; m < M; ++m) {
+      double ref = 0, magnitude = 0;
+      for (int kk = 0; kk < k; ++kk) {
+        const int j = kk % 8, q = (words[kk / 8] >> ((j / 2) * 4 + (j % 2) * 16)) & 15;
+        const double w = (q - z[kk / G]) * (double)host_float<Tag>(s[kk / G]);
+        const double term = w * host_float<Tag>(xh[(size_t)m * k + kk]);
+        ref += term;
+        magnitude += std::fabs(term);
+      }
+      const double got = host_float<Tag>(y[(size_t)m * n + row]);
+      const double error = std::fabs(got - ref), allowed = std::fabs(ref) / 256 + magnitude / 1024;
+      if (!(error <= allowed)) {  // also NaN
+        all_checks_passed = false;
+        std::snprintf(verdict, sizeof verdict, "check FAILED (row %d, x row %d: %.6g, expected %.6g)", row, m, got,
+                      ref);
+        return verdict;
+      }
+      worst = std::max(worst, error / allowed);
+    }
+  }
+  std::snprintf(verdict, sizeof verdict, "check ok (worst %.2f of the allowed error)", worst);
+  return verdict;
+}
+
 template <int M, typename Tag = Bf16Tag, int G = 128, bool kSymmetric = true>
 void time_layer(const char* name, int n, int k, int sms) {
   auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
@@ -87,6 +142,7 @@ void time_layer(const char* name, int n, int k, int sms) {
   uint16_t *x, *out;
   CHECK(cudaMalloc(&x, (size_t)M * k * 2));
   CHECK(cudaMalloc(&out, (size_t)M * n * 2 * copies));
+  CHECK(cudaMemset(out, 0xFF, (size_t)M * n * 2 * copies));  // NaN in fp16 and bf16
   fill_floats<Tag><<<256, 256>>>(x, (size_t)M * k, 99u, -1.f, 1.f);
   const int blocks = std::min(sms, (n + 15) / 16);
   auto launch = [&](int c, cudaStream_t stream) {
@@ -103,7 +159,9 @@ void time_layer(const char* name, int n, int k, int sms) {
     weighted += f * (1 + i % 7);
     magnitude += std::fabs(f);
   }
-  std::printf("%-22s M=%d %8.2f us  checksum %.6e %.6e\n", name, M, us, weighted, magnitude);
+  const char* verdict = check_rows<Tag, G, kSymmetric>(M, n, k, qweight(copies - 1), scales(copies - 1),
+                                                       zeros(copies - 1), x, y);
+  std::printf("%-22s M=%d %8.2f us  checksum %.6e %.6e  %s\n", name, M, us, weighted, magnitude, verdict);
   CHECK(cudaFree(weights));
   CHECK(cudaFree(x));
   CHECK(cudaFree(out));
@@ -125,12 +183,12 @@ int main() {
     if (!only) time_layer<5>(l.name, l.n, l.k, sms);
     if (!only) time_layer<8>(l.name, l.n, l.k, sms);
   }
-  if (only) return 0;
+  if (only) return all_checks_passed ? 0 : 1;
   for (const Layer& l : {layers[0], layers[2], layers[5]}) {
     char name[48];
     std::snprintf(name, sizeof name, "%s fp16 uint4 g32", l.name);
     time_layer<1, Fp16Tag, 32, false>(name, l.n, l.k, sms);
     time_layer<5, Fp16Tag, 32, false>(name, l.n, l.k, sms);
   }
-  return 0;
+  return all_checks_passed ? 0 : 1;
 }

@@ -1,0 +1,138 @@
+"""A/B timing of versions of the sm_90 skinny kernel in one device round, without torch or the extension build.
+
+    python3 tests/csrc/ab_skinny.py bc516bf HEAD          # csrc/ at two revisions
+    python3 tests/csrc/ab_skinny.py HEAD . --passes 3     # "." is the working tree's csrc/
+    python3 tests/csrc/ab_skinny.py HEAD . --layer llama_gate_up
+
+Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
+cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`
+times each, interleaved so that a drift of the machine's clock or temperature reaches every version alike; a case's
+time is its best pass. The table gives µs per version, each against the first, and flags a case whose reference
+check failed (time_skinny.cu checks sampled rows of every case against float64) or whose checksum differs from
+the first version's (same arithmetic in the same order gives the same checksum). Exit status 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "tests" / "csrc" / "time_skinny.cu"
+NVCC_FLAGS = ["-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90"]
+
+# One timed case of time_skinny.cu: "<name> M=<m> <us> us  checksum <a> <b>  check <verdict>".
+_LINE = re.compile(r"^(?P<name>\S.*?)\s+M=(?P<m>\d+)\s+(?P<us>[0-9.]+) us\s+checksum (?P<checksum>\S+ \S+)"
+                   r"\s+check (?P<check>.*)$")
+
+
+@dataclass(frozen=True)
+class Case:
+    us: float
+    checksum: str
+    check_ok: bool
+    check: str
+
+
+def parse(output: str) -> dict[str, Case]:
+    """{"<name> M=<m>": Case} for every timed line of one run's output (skipped cases are left out)."""
+    cases = {}
+    for line in output.splitlines():
+        match = _LINE.match(line.strip())
+        if match:
+            cases[f"{match['name']} M={match['m']}"] = Case(float(match["us"]), match["checksum"],
+                                                            match["check"].startswith("ok"), match["check"])
+    return cases
+
+
+def best_of(passes: list[dict[str, Case]]) -> dict[str, Case]:
+    """Per case, the fastest pass; the case fails its check if any pass failed it."""
+    best = {}
+    for key in dict.fromkeys(k for run in passes for k in run):
+        cases = [run[key] for run in passes if key in run]
+        fastest = min(cases, key=lambda case: case.us)
+        failed = [case for case in cases if not case.check_ok]
+        best[key] = Case(fastest.us, fastest.checksum, False, failed[0].check) if failed else fastest
+    return best
+
+
+def table(names: list[str], results: list[dict[str, Case]]) -> tuple[str, bool]:
+    """A markdown table of µs per case and version (ratios to the first version), and whether every check passed."""
+    lines = ["| case | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    all_ok = True
+    for key in dict.fromkeys(k for result in results for k in result):
+        first = results[0].get(key)
+        cells = []
+        for result in results:
+            case = result.get(key)
+            if case is None:
+                cells.append("-")
+                continue
+            cell = f"{case.us:.2f}"
+            if first is not None and case is not first:
+                cell += f" ({case.us / first.us:.3f}x)"
+                if case.checksum != first.checksum:
+                    cell += " sum differs"
+            if not case.check_ok:
+                cell += f" **{case.check}**"
+                all_ok = False
+            cells.append(cell)
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), all_ok
+
+
+def export_csrc(version: str, into: Path) -> Path:
+    """The csrc/ directory of a revision (or of the working tree for "."), as a directory to build against."""
+    if version == ".":
+        return ROOT / "csrc"
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", version, "csrc"], check=True,
+                             capture_output=True).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "csrc"
+
+
+def build(csrc: Path, binary: Path) -> None:
+    result = subprocess.run(["nvcc", *NVCC_FLAGS, f"-I{csrc}", f"-I{HARNESS.parent}", "-o", str(binary),
+                             str(HARNESS)], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"building against {csrc} failed:\n{result.stdout}{result.stderr}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("versions", nargs="+", help="git revisions of csrc/, or . for the working tree")
+    parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
+    parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
+    args = parser.parse_args(argv)
+    if args.passes < 1:
+        parser.error(f"--passes must be >= 1, got {args.passes}")
+    env = dict(os.environ, **({"TIME_SKINNY_LAYER": args.layer} if args.layer else {}))
+    with tempfile.TemporaryDirectory(prefix="ab_skinny_") as tmp:
+        work = Path(tmp)
+        binaries = [work / f"time_skinny_{i}" for i in range(len(args.versions))]
+        sources = [export_csrc(v, work / f"src_{i}") for i, v in enumerate(args.versions)]
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            list(pool.map(build, sources, binaries))
+        runs: list[list[dict[str, Case]]] = [[] for _ in binaries]
+        for p in range(args.passes):
+            for i, binary in enumerate(binaries):
+                done = subprocess.run([str(binary)], capture_output=True, text=True, env=env)
+                print(f"pass {p + 1}, {args.versions[i]}: exit {done.returncode}", file=sys.stderr)
+                if not parse(done.stdout):
+                    raise SystemExit(f"{args.versions[i]} timed nothing:\n{done.stdout}{done.stderr}")
+                runs[i].append(parse(done.stdout))
+    text, all_ok = table(args.versions, [best_of(r) for r in runs])
+    print(text)
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
