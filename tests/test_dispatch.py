@@ -131,13 +131,13 @@ def test_non_contiguous_x_is_handled(generator):
     assert torch.equal(out, w4a16.gemm(x.contiguous(), qw))
 
 
-@pytest.mark.parametrize("backend", ["skinny", "triton", "dequant_blas", "reference"])
+@pytest.mark.parametrize("backend", ["skinny", "triton", "dequant_blas", "reference", "reference_fp64"])
 def test_forcing_each_backend_runs_or_says_why(backend, generator):
     """A forced backend either computes the right answer or raises naming the reason dispatch reports."""
     qw = random_weight(64, 128, 32, False, torch.float16, generator=generator)
     x = random_activation(3, 128, torch.float16, generator=generator)
     reason = dispatch.unavailable_reason(backend, "cpu", torch.float16)
-    if backend == "reference":
+    if backend in dispatch.REFERENCES:
         assert reason is None
     if backend == "skinny":
         assert reason is not None, "the skinny kernel has no CPU build"

@@ -40,6 +40,20 @@ def test_reference_gemm_returns_the_activation_dtype(dtype, generator):
     torch.testing.assert_close(y.double(), _float64_gemm(x, qw, None), rtol=2**-7, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_float64_accumulation_is_the_more_exact_reference(dtype, generator):
+    """accumulate=float64 (the accuracy gate's control) is closer to the float64 spelling than fp32 accumulation,
+    and lands on the nearest 16-bit value of it."""
+    qw = random_weight(64, 4096, 128, False, dtype, generator=generator)
+    x = torch.randn(4, qw.k, generator=generator).to(dtype)
+    exact = _float64_gemm(x, qw, None)
+    y64 = w4a16.reference_gemm(x, qw, accumulate=torch.float64)
+    assert y64.dtype == dtype and torch.equal(y64, exact.to(dtype))
+    torch.testing.assert_close(w4a16.reference_gemm(x, qw).double(), exact, rtol=2**-7, atol=1e-2)
+    with pytest.raises(ValueError, match="accumulate must be torch.float32 or torch.float64"):
+        w4a16.reference_gemm(x, qw, accumulate=torch.float16)
+
+
 def test_dequantize_subtracts_zero_then_scales():
     q = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 15] * 4])
     zeros = torch.tensor([[3]])

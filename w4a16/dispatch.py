@@ -36,7 +36,9 @@ from .arch import arch
 from .layout import QuantizedWeight
 from .reference import check_gemm_args, dequantize, reference_gemm
 
-BACKENDS = ("auto", "skinny", "triton", "dequant_blas", "reference")
+# "reference_fp64": the reference accumulated in float64, never chosen by "auto" (the accuracy gate's control).
+BACKENDS = ("auto", "skinny", "triton", "dequant_blas", "reference", "reference_fp64")
+REFERENCES = ("reference", "reference_fp64")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -123,7 +125,7 @@ def decide(m: int, n: int, k: int, rules: DispatchRules, *, skinny: bool, triton
 
 
 def _uncached_unavailable_reason(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    if backend == "reference":
+    if backend in REFERENCES:
         return None
     if dtype not in KERNEL_DTYPES:
         return f"the {backend} kernel takes float16 or bfloat16 activations, got {dtype}"
@@ -223,8 +225,8 @@ def _check_call(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     if qw.zeros is not None and (qw.zeros.dtype != torch.uint8 or qw.zeros.shape != qw.scales.shape):
         raise ValueError(f"zeros must be uint8 of the scales' shape {tuple(qw.scales.shape)}, got "
                          f"{qw.zeros.dtype} {tuple(qw.zeros.shape)}")
-    if backend == "reference":
-        return  # the reference computes in fp32 and takes any float dtypes
+    if backend in REFERENCES:
+        return  # the references compute in fp32 or fp64 and take any float dtypes
     if qw.scales.dtype != x.dtype:
         raise TypeError(
             f"scales are {qw.scales.dtype} but x is {x.dtype}: the kernels read scales in the activation dtype; "
@@ -250,8 +252,8 @@ def _check_forced(backend: str, m: int, k: int, x: torch.Tensor) -> None:
 
 def _run(backend: str, x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """Call one backend on a contiguous 2-D x. (Tests wrap this to record which backend ran.)"""
-    if backend == "reference":
-        return reference_gemm(x2d, qw, bias)
+    if backend in REFERENCES:
+        return reference_gemm(x2d, qw, bias, torch.float64 if backend == "reference_fp64" else torch.float32)
     if backend == "skinny":
         return importlib.import_module("w4a16.skinny").skinny_gemm(x2d, qw, bias)
     module = importlib.import_module("w4a16.triton")
@@ -320,9 +322,10 @@ def gemm(
 ) -> torch.Tensor:
     """y = x @ dequant(W)^T (+ bias) for x [..., K] -> [..., N] in x's dtype.
 
-    backend: "auto" (the hybrid rule above), or force "skinny", "triton", "dequant_blas" or "reference"
-    (a forced backend that cannot run here raises, saying why). Except for "reference", the scales and bias
-    must be in x's dtype (convert once with `qw.to(dtype=x.dtype)`).
+    backend: "auto" (the hybrid rule above), or force "skinny", "triton", "dequant_blas", "reference" or
+    "reference_fp64" (the reference accumulated in float64) (a forced backend that cannot run here raises, saying
+    why). Except for the references, the scales and bias must be in x's dtype (convert once with
+    `qw.to(dtype=x.dtype)`).
     """
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"qw must be a QuantizedWeight, got {type(qw).__name__}")

@@ -46,10 +46,10 @@ def _print_backends(device: torch.device) -> None:
     for backend in dispatch.BACKENDS[1:]:
         reasons = [dispatch.unavailable_reason(backend, device, dtype) for dtype in dtypes]
         if reasons[0] == reasons[1]:
-            print(f"  {backend:<13} {reasons[0] or 'usable'}")
+            print(f"  {backend:<14} {reasons[0] or 'usable'}")
         else:
             for dtype, reason in zip(dtypes, reasons, strict=True):
-                print(f"  {backend:<13} {str(dtype).removeprefix('torch.')}: {reason or 'usable'}")
+                print(f"  {backend:<14} {str(dtype).removeprefix('torch.')}: {reason or 'usable'}")
     for dtype in dtypes:
         print(f"rule ({str(dtype).removeprefix('torch.')}): {dispatch.describe_rule(device, dtype)}")
     # Either side of this arch's skinny edge, then a prefill size each side of the dequant_blas threshold.

@@ -38,11 +38,17 @@ def check_gemm_args(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | N
             raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
 
 
-def reference_gemm(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ dequant(W)^T (+ bias) for x [..., K] -> [..., N] in x's dtype, accumulated in fp32."""
+def reference_gemm(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None,
+                   accumulate: torch.dtype = torch.float32) -> torch.Tensor:
+    """y = x @ dequant(W)^T (+ bias) for x [..., K] -> [..., N] in x's dtype, accumulated in `accumulate`.
+
+    float32 is the reference every kernel is compared with. float64 is a second, more exact computation of the same
+    result: the accuracy gate uses it to measure how far rounding alone moves a model's outputs."""
+    if accumulate not in (torch.float32, torch.float64):
+        raise ValueError(f"accumulate must be torch.float32 or torch.float64, got {accumulate}")
     check_gemm_args(x, qw, bias)
-    w = dequantize(qw, torch.float32)
-    y = x.to(torch.float32) @ w.t()
+    w = dequantize(qw, accumulate)  # with 16-bit scales (q - z) * s is exact in fp32: widening loses nothing
+    y = x.to(accumulate) @ w.t()
     if bias is not None:
-        y = y + bias.to(torch.float32)
+        y = y + bias.to(accumulate)
     return y.to(x.dtype)

@@ -95,8 +95,10 @@ def test_accuracy_command_runs_lm_eval_and_gates(model_dir, tmp_path):
         ("g32-sym", "w4a16_arith"), ("g32-sym", "w4a16_facts"), ("g64-asym", "w4a16_arith"), ("g64-asym", "w4a16_facts")]
     for result in report["results"]:
         n = 3 if result["task"] == "w4a16_arith" else 4
-        assert {name: s["n"] for name, s in result["scores"].items()} == {"fp": n, "reference": n, "kernel": n}
-        assert result["identical_greedy"] == 1.0  # on CPU "auto" is the reference itself
+        # On CPU "auto" is the reference itself, so the control (calibrating kernel vs reference) is not run.
+        assert {name: s and s["n"] for name, s in result["scores"].items()} == {
+            "fp": n, "reference": n, "control": None, "kernel": n}
+        assert result["identical_greedy"] == 1.0 and result["control_identical_greedy"] is None
     table = proc.stdout[proc.stdout.index("model "):]
     assert table.count("PASS") == 4 and "accuracy gate: passed" in proc.stdout
 
@@ -111,3 +113,14 @@ def test_accuracy_command_exits_nonzero_when_a_gate_fails(model_dir, tmp_path):
     assert "accuracy gate: FAILED" in proc.stdout
     report = json.loads((tmp_path / "tiny-llama.json").read_text())
     assert not report["passed"] and all(r["scores"]["kernel"] is None for r in report["results"])
+
+
+def test_accuracy_command_runs_the_float64_control_when_asked(model_dir, tmp_path):
+    gates = _gates(tmp_path / "gates.toml", model_dir, tolerance=1.0)
+    proc = _run(tmp_path, "--gates", str(gates), "--out", str(tmp_path), "--backends", "reference,control,kernel",
+                "--tasks", "w4a16_arith", "--limit", "2", "--device", "cpu")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "g32-sym control w4a16_arith" in proc.stdout  # the variant ran, on backend reference_fp64
+    for result in json.loads((tmp_path / "tiny-llama.json").read_text())["results"]:
+        assert result["scores"]["control"]["n"] == 2
+        assert 0.0 <= result["control_identical_greedy"] <= 1.0

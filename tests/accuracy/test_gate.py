@@ -3,7 +3,7 @@
 import pytest
 
 from w4a16.accuracy.config import GateRules
-from w4a16.accuracy.gate import Score, format_table, identical_fraction, judge
+from w4a16.accuracy.gate import Score, format_table, greedy_divergence_p, identical_fraction, judge
 
 RULES = GateRules(kernel_vs_reference_stderrs=1.0, min_identical_greedy=0.95)
 N = 100
@@ -84,3 +84,49 @@ def test_table_lists_every_column_and_verdict():
     header = table.splitlines()[0].split()
     assert header[:8] == ["model", "quant", "task", "metric", "fp", "reference", "kernel", "stderr"]
     assert "PASS" in table.splitlines()[2] and "FAIL" in table.splitlines()[3]
+
+
+def _leaving(samples):
+    """Greedy outputs that leave the reference's (range(N)) on the given samples."""
+    return [-1 if i in samples else i for i in range(N)]
+
+
+def test_below_the_threshold_a_control_that_diverges_as_often_passes_the_kernel():
+    # bf16: a correct kernel and the float64 control each leave the reference on ~15% of the generations, mostly
+    # different ones (measured on CPU: README, "Accuracy gate").
+    kernel, control = _leaving(range(0, 15)), _leaving(range(8, 22))
+    v = judge("t", "m", {"reference": score(0.5), "control": score(0.5, greedy=control),
+                         "kernel": score(0.5, greedy=kernel)}, RULES, 0.1)
+    assert v.passed, v.failures
+    assert v.identical == pytest.approx(0.85) and v.control_identical == pytest.approx(0.86)
+    assert "85% (control 86%)" in format_table([("m", "q", v)])
+
+
+def test_a_kernel_that_diverges_far_more_often_than_the_control_fails():
+    kernel, control = _leaving(range(0, 30)), _leaving(range(0, 5))
+    v = judge("t", "m", {"reference": score(0.5), "control": score(0.5, greedy=control),
+                         "kernel": score(0.5, greedy=kernel)}, RULES, 0.1)
+    assert not v.passed
+    assert any("left the reference's on 25 samples the control kept, the control on 0" in f for f in v.failures)
+
+
+def test_a_control_over_other_samples_is_a_failure_not_a_crash():
+    short = Score(0.5, 0.05, N - 1, tuple(range(N - 1)))
+    v = judge("t", "m", {"reference": score(0.5), "control": short, "kernel": score(0.5)}, RULES, 0.1)
+    assert not v.passed and v.failures == [f"control scored {N - 1} samples, reference {N}"]
+
+
+def test_without_a_control_below_the_threshold_still_fails():
+    v = judge("t", "m", {"reference": score(0.5), "kernel": score(0.5, greedy=_leaving(range(10)))}, RULES, 0.1)
+    assert not v.passed and any("no control run" in f for f in v.failures), v.failures
+
+
+def test_greedy_divergence_p_is_the_one_sided_sign_test():
+    reference = list(range(6))
+    # The kernel alone leaves samples 0-2, the control alone sample 5; both leave 3, neither 4.
+    kernel, control = [-1, -1, -1, -1, 4, 5], [0, 1, 2, -1, 4, -1]
+    assert greedy_divergence_p(reference, kernel, control) == (3, 1, pytest.approx(5 / 16))
+    assert greedy_divergence_p(reference, reference, reference) == (0, 0, 1.0)
+    assert greedy_divergence_p(reference, [-1] * 6, reference)[2] == pytest.approx(1 / 64)
+    with pytest.raises(ValueError, match="different samples"):
+        greedy_divergence_p(reference, kernel, control[:5])

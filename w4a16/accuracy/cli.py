@@ -18,9 +18,10 @@ from pathlib import Path
 
 from .config import DEFAULT_GATES, REGRESSION_DIR, Gates, ModelSpec, load_gates
 
-ALL_BACKENDS = ("fp", "reference", "kernel")
-# variant -> the W4A16Linear backend it runs ("kernel" is whatever "auto" picks on this machine).
-LINEAR_BACKEND = {"reference": "reference", "kernel": "auto"}
+ALL_BACKENDS = ("fp", "reference", "control", "kernel")
+# variant -> the W4A16Linear backend it runs ("kernel" is whatever "auto" picks on this machine; "control" is the
+# reference accumulated in float64, which calibrates the greedy-output rule: w4a16/accuracy/gate.py).
+LINEAR_BACKEND = {"reference": "reference", "control": "reference_fp64", "kernel": "auto"}
 REPO_ROOT = REGRESSION_DIR.parent
 
 
@@ -30,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="comma-separated [models] entries, instead of a suite")
     parser.add_argument("--tasks", help="comma-separated subset of each model's tasks")
     parser.add_argument("--limit", type=int, help="samples per task, instead of each task's limit")
-    parser.add_argument("--backends", default=",".join(ALL_BACKENDS),
-                        help="comma-separated subset of fp,reference,kernel (default: all three)")
+    parser.add_argument("--backends",
+                        help="comma-separated subset of fp,reference,control,kernel (default: all four on a GPU; "
+                             "on CPU, where the kernel column repeats the reference, all but control)")
     parser.add_argument("--out", type=Path, help="where the JSON goes (default: baselines/<arch>/accuracy/)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
@@ -143,7 +145,8 @@ def _to_json(spec: ModelSpec, rows, machine: dict, args, backends, wall_s: float
             "quant": quant.label, "task": v.task, "metric": v.metric, "tolerance": spec.tolerance_for(quant, v.task),
             "expected": spec.expected.get(v.task),
             "scores": {name: None if s is None else s.to_json() for name, s in v.scores.items()},
-            "identical_greedy": v.identical, "passed": v.passed, "failures": v.failures,
+            "identical_greedy": v.identical, "control_identical_greedy": v.control_identical,
+            "passed": v.passed, "failures": v.failures,
         } for quant, v in rows],
     }
 
@@ -163,9 +166,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         gates = load_gates(args.gates)
         models = _select(gates, args)
-        backends = _csv(args.backends) or []
-        bad = [b for b in backends if b not in ALL_BACKENDS]
-        if bad or not backends:
+        backends = _csv(args.backends)
+        if backends is not None and (not backends or any(b not in ALL_BACKENDS for b in backends)):
             raise ValueError(f"--backends must be a comma-separated subset of {','.join(ALL_BACKENDS)}, "
                              f"got {args.backends!r}")
         wanted = _csv(args.tasks)
@@ -179,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     batch_size = args.batch_size or (4 if device.type == "cuda" else 32)
+    if backends is None:  # the control calibrates kernel vs reference: nothing to calibrate where they are one
+        backends = [b for b in ALL_BACKENDS if device.type == "cuda" or b != "control"]
     machine = _machine(device, dtype)
     out = args.out or REPO_ROOT / "baselines" / arch(device) / "accuracy"
     kernel_note = (f'"kernel" = backend "auto": {machine["kernel_rule"]}'

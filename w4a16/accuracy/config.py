@@ -21,6 +21,9 @@ FORMATS = ("fp", "compressed-tensors", "awq")
 class GateRules:
     kernel_vs_reference_stderrs: float = 1.0
     min_identical_greedy: float = 0.95
+    # Below min_identical_greedy, with a control run, the kernel fails when the chance that it leaves the
+    # reference's greedy outputs this much more often than the control does is below this (gate.greedy_divergence_p).
+    greedy_divergence_p: float = 0.01
 
 
 @dataclass(frozen=True)

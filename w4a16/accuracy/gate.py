@@ -3,19 +3,23 @@
 Rules (stated with their numbers in regression/gates.toml):
   1. kernel vs reference: |kernel - reference| <= k * stderr(reference), at least one sample's worth (1/n), and
      the greedy outputs agree on at least `min_identical_greedy` of the samples. The two share the quantized
-     weights and the prompts, so any larger difference is the kernel's.
+     weights and the prompts, so any larger difference is the kernel's. Below that agreement, where the control
+     ran (the reference accumulated in float64: a more exact computation of the same model), the kernel passes
+     unless it leaves the reference's greedy outputs on significantly more samples than the control does
+     (`greedy_divergence_p`): in bf16 two correct computations already disagree on many generations.
   2. quantized vs fp: fp - quantized <= tolerance (drops only), for the reference and the kernel columns.
      Without an fp score, the stored `expected` score stands in for it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .config import GateRules
 
-VARIANTS = ("fp", "reference", "kernel")
+VARIANTS = ("fp", "reference", "control", "kernel")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Verdict:
     metric: str
     scores: dict[str, Score | None]
     identical: float | None = None  # fraction of samples with identical greedy output, kernel vs reference
+    control_identical: float | None = None  # the same for the control
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -53,6 +58,20 @@ def identical_fraction(a: Sequence, b: Sequence) -> float:
     return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
 
 
+def greedy_divergence_p(reference: Sequence, kernel: Sequence, control: Sequence) -> tuple[int, int, float]:
+    """(kernel_only, control_only, p): the samples whose greedy output leaves the reference's under the kernel
+    but not the control, and the other way round, and the one-sided exact (sign, or McNemar) test's p-value that
+    the kernel leaves it this much more often than the control by chance. Samples that both or neither leave
+    tell the two apart no more than a coin does."""
+    if not len(reference) == len(kernel) == len(control):
+        raise ValueError(f"greedy outputs cover different samples: {len(reference)}, {len(kernel)}, {len(control)}")
+    kernel_only = sum(r != k and r == c for r, k, c in zip(reference, kernel, control, strict=True))
+    control_only = sum(r == k and r != c for r, k, c in zip(reference, kernel, control, strict=True))
+    n = kernel_only + control_only
+    p = sum(math.comb(n, i) for i in range(kernel_only, n + 1)) / 2**n
+    return kernel_only, control_only, p
+
+
 def judge(
     task: str,
     metric: str,
@@ -61,12 +80,13 @@ def judge(
     tolerance: float,
     expected: float | None = None,
 ) -> Verdict:
-    """Apply both rules to one task's scores ({"fp", "reference", "kernel"} -> Score or None if not run)."""
+    """Apply both rules to one task's scores ({"fp", "reference", "control", "kernel"} -> Score or None if not
+    run)."""
     unknown = set(scores) - set(VARIANTS)
     if unknown:
         raise ValueError(f"scores has unknown variant(s) {sorted(unknown)}; expected some of {VARIANTS}")
     verdict = Verdict(task, metric, {v: scores.get(v) for v in VARIANTS})
-    fp, ref, ker = (verdict.scores[v] for v in VARIANTS)
+    fp, ref, control, ker = (verdict.scores[v] for v in VARIANTS)
 
     if ref is not None and ker is not None:
         if ref.n != ker.n:
@@ -80,11 +100,24 @@ def judge(
                     f"({rules.kernel_vs_reference_stderrs:g} stderr, at least 1/n)"
                 )
             verdict.identical = identical_fraction(ker.greedy, ref.greedy)
+            if control is not None and control.n != ref.n:
+                verdict.failures.append(f"control scored {control.n} samples, reference {ref.n}")
+                control = None
+            if control is not None:
+                verdict.control_identical = identical_fraction(control.greedy, ref.greedy)
             if verdict.identical < rules.min_identical_greedy:
-                verdict.failures.append(
-                    f"greedy outputs identical on {verdict.identical:.1%} of samples, "
-                    f"below {rules.min_identical_greedy:.0%}"
-                )
+                below = (f"greedy outputs identical on {verdict.identical:.1%} of samples, "
+                         f"below {rules.min_identical_greedy:.0%}")
+                if control is None:
+                    verdict.failures.append(below + " (no control run to calibrate against)")
+                else:
+                    kernel_only, control_only, p = greedy_divergence_p(ref.greedy, ker.greedy, control.greedy)
+                    if p < rules.greedy_divergence_p:
+                        verdict.failures.append(
+                            f"{below}, and the kernel left the reference's on {kernel_only} samples the control "
+                            f"kept, the control on {control_only} the kernel kept (p = {p:.2g} < "
+                            f"{rules.greedy_divergence_p:g})"
+                        )
 
     baseline, name = (fp.value, "fp") if fp is not None else (expected, "expected")
     if baseline is not None:
@@ -112,7 +145,9 @@ def format_table(rows: Sequence[tuple[str, str, Verdict]]) -> str:
         body.append((
             model, quant, v.task, v.metric, cell(v.scores["fp"]), cell(v.scores["reference"]),
             cell(v.scores["kernel"]), "-" if ref is None else f"{ref.stderr:.4f}",
-            "-" if v.identical is None else f"{v.identical:.0%}", "PASS" if v.passed else "FAIL",
+            "-" if v.identical is None else f"{v.identical:.0%}"
+            + ("" if v.control_identical is None else f" (control {v.control_identical:.0%})"),
+            "PASS" if v.passed else "FAIL",
         ))
     widths = [max(len(str(r[i])) for r in (header, *body)) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *body)]
