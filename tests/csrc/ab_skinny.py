@@ -126,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             for i, binary in enumerate(binaries):
                 done = subprocess.run([str(binary)], capture_output=True, text=True, env=env)
                 print(f"pass {p + 1}, {args.versions[i]}: exit {done.returncode}", file=sys.stderr)
-                if not parse(done.stdout):
+                cases = parse(done.stdout)
+                if not cases:
                     raise SystemExit(f"{args.versions[i]} timed nothing:\n{done.stdout}{done.stderr}")
-                runs[i].append(parse(done.stdout))
+                runs[i].append(cases)
     text, all_ok = table(args.versions, [best_of(r) for r in runs])
     print(text)
     return 0 if all_ok else 1
