@@ -3,6 +3,7 @@
     python3 tests/csrc/ab_skinny.py bc516bf HEAD          # csrc/ at two revisions
     python3 tests/csrc/ab_skinny.py HEAD . --passes 3     # "." is the working tree's csrc/
     python3 tests/csrc/ab_skinny.py HEAD . --layer llama_gate_up
+    python3 tests/csrc/ab_skinny.py old/ .                 # a directory holding a csrc/ (no git history needed)
 
 Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
 cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`
@@ -89,9 +90,16 @@ def table(names: list[str], results: list[dict[str, Case]]) -> tuple[str, bool]:
 
 
 def export_csrc(version: str, into: Path) -> Path:
-    """The csrc/ directory of a revision (or of the working tree for "."), as a directory to build against."""
+    """The csrc/ directory of a version, to build against: "." is the working tree's, a directory holding a csrc/
+    is taken as it is (a copy of the repository without its history can time `git archive REV csrc | tar -x -C DIR`
+    made elsewhere), anything else is a git revision."""
     if version == ".":
         return ROOT / "csrc"
+    if Path(version).is_dir():
+        if not (Path(version) / "csrc" / "skinny_mma.cuh").is_file():
+            raise SystemExit(f"{version} is a directory without csrc/skinny_mma.cuh: give a git revision, ., or a "
+                             "directory holding a csrc/")
+        return Path(version).resolve() / "csrc"
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", version, "csrc"], check=True,
                              capture_output=True).stdout
     into.mkdir(parents=True)
@@ -108,7 +116,7 @@ def build(csrc: Path, binary: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("versions", nargs="+", help="git revisions of csrc/, or . for the working tree")
+    parser.add_argument("versions", nargs="+", help="git revisions of csrc/, . for the working tree, or directories holding a csrc/")
     parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
     parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
     args = parser.parse_args(argv)

@@ -48,3 +48,11 @@ def test_export_csrc_of_a_revision(tmp_path):
     csrc = ab.export_csrc("HEAD", tmp_path / "v")
     assert (csrc / "skinny_mma.cuh").is_file() and (csrc / "portability.h").is_file()
     assert ab.export_csrc(".", tmp_path / "w") == ab.ROOT / "csrc"
+
+
+def test_export_csrc_of_a_directory(tmp_path):
+    (tmp_path / "old" / "csrc").mkdir(parents=True)
+    (tmp_path / "old" / "csrc" / "skinny_mma.cuh").write_text("// old\n")
+    assert ab.export_csrc(str(tmp_path / "old"), tmp_path / "v") == tmp_path / "old" / "csrc"
+    with pytest.raises(SystemExit, match="without csrc/skinny_mma.cuh"):
+        ab.export_csrc(str(tmp_path), tmp_path / "w")
