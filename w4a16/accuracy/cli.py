@@ -96,6 +96,18 @@ def _machine(device, dtype) -> dict:
     }
 
 
+def _evaluate_logged(label: str, lm, task, manager, args):
+    """One evaluation, announced before and its score printed after, so a run cut short still shows its figures."""
+    from . import harness
+
+    print(f"[accuracy] {label}", flush=True)
+    start = time.perf_counter()
+    score = harness.evaluate(lm, task, manager, args.limit, REPO_ROOT)
+    print(f"[accuracy] {label}: {score.value:.4f} +- {score.stderr:.4f} (n {score.n}, "
+          f"{time.perf_counter() - start:.0f} s)", flush=True)
+    return score
+
+
 def _evaluate_model(spec, tasks, backends, gates, args, device, dtype, batch_size, manager):
     """All variants of one model -> [(quant label, Verdict)]."""
     from w4a16.models import set_backend
@@ -109,8 +121,7 @@ def _evaluate_model(spec, tasks, backends, gates, args, device, dtype, batch_siz
     if "fp" in backends and fp_model is not None:
         lm = harness.wrap(fp_model, tokenizer, batch_size)
         for task in tasks:
-            print(f"[accuracy] {spec.name} fp {task}", flush=True)
-            fp_scores[task] = harness.evaluate(lm, gates.tasks[task], manager, args.limit, REPO_ROOT)
+            fp_scores[task] = _evaluate_logged(f"{spec.name} fp {task}", lm, gates.tasks[task], manager, args)
     if spec.format != "fp":
         del fp_model  # a checkpoint's fp model is only its baseline: free it before loading the W4A16 one
         fp_model = None
@@ -126,8 +137,8 @@ def _evaluate_model(spec, tasks, backends, gates, args, device, dtype, batch_siz
             for variant in quantized:
                 set_backend(qmodel, LINEAR_BACKEND[variant])  # the same weights and prompts for both
                 for task in tasks:
-                    print(f"[accuracy] {spec.name} {quant.label} {variant} {task}", flush=True)
-                    scores[variant][task] = harness.evaluate(lm, gates.tasks[task], manager, args.limit, REPO_ROOT)
+                    scores[variant][task] = _evaluate_logged(f"{spec.name} {quant.label} {variant} {task}", lm,
+                                                             gates.tasks[task], manager, args)
         for task in tasks:
             per_variant = {"fp": fp_scores.get(task), **{v: scores[v].get(task) for v in quantized}}
             verdict = judge(task, gates.tasks[task].metric, per_variant, gates.rules,
