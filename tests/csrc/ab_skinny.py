@@ -116,7 +116,8 @@ def build(csrc: Path, binary: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("versions", nargs="+", help="git revisions of csrc/, . for the working tree, or directories holding a csrc/")
+    parser.add_argument("versions", nargs="+",
+                        help="git revisions of csrc/, . for the working tree, or directories holding a csrc/")
     parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
     parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
     args = parser.parse_args(argv)
