@@ -8,7 +8,10 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
-timeout ${PYTEST_S:-330} python3 -m pytest -q -x tests/triton --ignore=tests/triton/test_aot.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
+# The suite is bound by Triton's compiles, which run on the CPU: with pytest-xdist, 8 workers share the GPU (on the
+# H200 all 527 tests took 73 s that way; one process had not finished them in 330 s).
+WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${PYTEST_WORKERS:-8}")
+timeout ${PYTEST_S:-330} python3 -m pytest -q -x $WORKERS tests/triton --ignore=tests/triton/test_aot.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
 if [ "${SKIP_TUNE:-0}" != 1 ]; then
   timeout ${TUNE_S:-480} python3 -m w4a16.triton.tune --out "$OUT/sm_90.json" --results "$OUT/tune_results.json" 2>&1 | tee "$OUT/tune.log" | grep -v "^    skip"
   cp "$OUT/sm_90.json" w4a16/triton/configs/sm_90.json
