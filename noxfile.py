@@ -1,11 +1,13 @@
 """w4a16 sessions. `nox -l` lists them; `nox` alone runs `tests`.
 
 Sessions run in a virtualenv that sees the system site packages, so a GPU machine keeps its own torch and
-triton (CUDA or ROCm builds); only a machine without torch gets the pinned CPU build below.
+triton (CUDA or ROCm builds), held in place by a constraint while the rest installs; any other machine gets the
+pinned CPU build below.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -28,8 +30,23 @@ VENV = {"venv_backend": "venv", "venv_params": ["--system-site-packages"]}
 
 
 def _probe(session: nox.Session, code: str) -> str:
-    """Run a snippet in the session's python and return what it printed (stripped)."""
-    return session.run("python", "-c", code, silent=True, log=False).strip()
+    """Run a snippet in the session's python and return what it printed (stripped; "" where nox ran nothing)."""
+    return (session.run("python", "-c", code, silent=True, log=False) or "").strip()
+
+
+# What install() needs to know of the session's python: whether torch is a GPU build (CUDA or ROCm), the installed
+# versions of the distributions that provide torch and triton, and whether numpy is there.
+_FOUND = """
+import importlib.util as u, json
+from importlib import metadata
+gpu = False
+if u.find_spec("torch"):
+    import torch
+    gpu = bool(torch.version.cuda or torch.version.hip)
+names = metadata.packages_distributions()
+print(json.dumps({"gpu_torch": gpu, "numpy": bool(u.find_spec("numpy")),
+                  "pins": {m: [f"{d}=={metadata.version(d)}" for d in names.get(m, [])] for m in ("torch", "triton")}}))
+"""
 
 
 def _extra_requirements(*extras: str) -> list[str]:
@@ -39,19 +56,27 @@ def _extra_requirements(*extras: str) -> list[str]:
 
 
 def install(session: nox.Session, *extras: str) -> None:
-    """Install the package without touching an existing torch/triton, then the requested extras."""
-    have = _probe(
-        session,
-        "import importlib.util as u; print(','.join(m for m in ('torch', 'triton', 'numpy') if u.find_spec(m)))",
-    ).split(",")
-    if "torch" not in have:
+    """Install the package and the requested extras. A GPU torch (CUDA or ROCm) and its triton stay as they are:
+    a constraint file pins their installed versions, so no extra can replace them. Without a GPU torch the session
+    gets the pinned CPU build (a no-op where it is already there), whatever other torch the machine has."""
+    # run_install: the probe decides what to install, so it runs under --install-only too (nox then returns None
+    # from session.run); under --no-install nox installs nothing and returns None here as well.
+    found = json.loads(session.run_install("python", "-c", _FOUND, silent=True, log=False) or "null")
+    if found is None:
+        return
+    if not found["gpu_torch"]:
         session.install(CPU_TORCH)
-    if "triton" not in have:
+    if not found["pins"]["triton"]:
         session.install(CPU_TRITON)
+    pins = found["pins"]["torch"] + found["pins"]["triton"] if found["gpu_torch"] else []
+    constraints = ["-c", os.path.join(session.create_tmp(), "gpu-torch.txt")] if pins else []
+    if pins:
+        with open(constraints[1], "w") as f:
+            f.write("\n".join(pins) + "\n")
     session.install("--no-deps", "-e", ".")
-    requirements = _extra_requirements(*extras) + ([] if "numpy" in have else ["numpy"])
+    requirements = _extra_requirements(*extras) + ([] if found["numpy"] else ["numpy"])
     if requirements:
-        session.install(*requirements)
+        session.install(*constraints, *requirements)
 
 
 def has_gpu(session: nox.Session) -> bool:
