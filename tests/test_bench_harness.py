@@ -168,10 +168,27 @@ def test_newest_baseline_by_recorded_datetime(tmp_path):
     storage = tmp_path / "sm_90"
     old = _write_run(storage / "Linux-CPython-3.12-64bit" / "0002_baseline.json", "2026-01-01T00:00:00", BASE)
     new = _write_run(storage / "Linux-CPython-3.11-64bit" / "0001_baseline.json", "2026-02-01T00:00:00", BASE)
+    quick = _write_run(storage / "Linux-CPython-3.11-64bit" / "0003_quick.json", "2026-02-02T00:00:00", BASE)
     (storage / "e2e-20260301.json").write_text(json.dumps({"datetime": "2026-03-01", "results": []}))
-    assert results.stored_runs(storage) == [old, new]
-    assert results.newest_baseline(storage) == new
+    assert results.stored_runs(storage) == [old, new, quick]
+    assert results.newest_baseline(storage) == quick
+    # --compare measures against the newest run of the same case set, not the newest of any
+    assert results.newest_baseline(storage, "baseline") == new
+    assert results.newest_baseline(storage, "quick") == quick
+    assert results.newest_baseline(storage, "variants") is None
     assert results.newest_baseline(tmp_path / "gfx1151") is None
+
+
+def test_store_run_numbers_after_every_stored_run(tmp_path):
+    from pytest_benchmark.utils import get_machine_id
+
+    storage = tmp_path / "sm_90"
+    _write_run(storage / "Linux-CPython-3.12-64bit" / "0007_quick.json", "2026-01-01T00:00:00", BASE)
+    run = _write_run(tmp_path / "out" / "run.json", "2026-01-02T00:00:00", BASE)
+    stored = results.store_run(run, storage, "baseline")
+    assert stored == storage / get_machine_id() / "0008_baseline.json"
+    assert stored.read_bytes() == run.read_bytes()
+    assert results.newest_baseline(storage, "baseline") == stored
 
 
 def _scaled(benches, factor, backends):
@@ -206,9 +223,92 @@ def test_compare_regression_of_ours_fails(tmp_path):
     moved = results.load_run(_write_run(tmp_path / "moved.json", "2026-01-02T00:00:00",
                                         _scaled(_scaled(BASE, 1.2, {"skinny"}), 1.07, {"torch_bf16"})))
     [line] = [ln for ln in results.compare(moved, base, 0.10).report().splitlines() if "+20.0%" in ln]
-    assert line.endswith("(+20.0%); peers here: torch_bf16 +7.0%, tinygemm +0.0%")
+    assert line.endswith("(+20.0%), +12.1% relative to torch_bf16; peers here: torch_bf16 +7.0%, tinygemm +0.0%")
     # a looser threshold lets the same runs pass
     assert results.compare(cur, base, 0.25).ok
+
+
+def test_compare_measures_ours_against_the_same_runs_torch_matmul(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    # the whole machine 25% slower (clocks): every time moves, nothing regressed relative to torch
+    slow_machine = _write_run(tmp_path / "slow.json", "2026-01-02T00:00:00", _scaled(BASE, 1.25, catalogue.BACKENDS))
+    comparison = results.compare(results.load_run(slow_machine), base, 0.10)
+    assert comparison.ok and not comparison.failures
+    assert all(c.relative_ratio == pytest.approx(1.0) for c in comparison.changes if c.gated)
+    # ours 12% slower while torch got 8% faster: within 12% on the median alone, 21% relative to torch
+    drifted = _scaled(_scaled(BASE, 1.12, {"auto"}), 1 / 1.08, {"torch_bf16"})
+    comparison = results.compare(results.load_run(_write_run(tmp_path / "d.json", "2026-01-02", drifted)), base, 0.10)
+    assert [(c.key[4], c.key[-1]) for c in comparison.failures] == [(1, "auto"), (256, "auto")]
+    assert comparison.failures[0].relative_ratio == pytest.approx(1.2096)
+
+
+def _fake_bench_run(monkeypatch, benches):
+    """cli._run_kernels with the child pytest replaced by one that writes `benches` as its JSON (exit status 0)."""
+
+    def fake_pytest(command, **kwargs):
+        [json_arg] = [a for a in command if a.startswith("--benchmark-json=")]
+        _write_run(Path(json_arg.split("=", 1)[1]), "2026-01-03T00:00:00", benches)
+        return 0
+
+    monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
+    monkeypatch.setattr(cli, "_plots", lambda *args: [])
+
+
+@pytest.mark.parametrize("slowdown, saved", [(1.0, True), (1.5, False)])
+def test_save_stores_only_a_run_that_passed_its_comparison(tmp_path, monkeypatch, slowdown, saved):
+    import argparse
+
+    storage = tmp_path / "sm_90"
+    quick = [b for b in BASE if b["extra_info"]["M"] == 1]
+    _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", quick)
+    # a newer run of another set is not what --quick --compare measures against
+    _write_run(storage / "machine" / "0002_baseline.json", "2026-01-02T00:00:00", _scaled(quick, 9.0, {"auto"}))
+    _fake_bench_run(monkeypatch, _scaled(quick, slowdown, {"auto"}))
+    monkeypatch.setattr(cli, "_selected", lambda set_name, models: catalogue.cases("quick")[:1])
+    args = argparse.Namespace(set="quick", save=True, compare="newest", pytest_args=["-k", "o"],
+                              inject_slowdown=False)
+    status = cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp")
+    assert status == (0 if saved else 1)
+    assert "baseline: " + str(storage / "machine" / "0001_quick.json") in (tmp_path / "out" / "compare.txt").read_text()
+    stored = results.newest_baseline(storage, "quick")
+    assert (stored.name == "0003_quick.json") == saved
+
+
+def test_compare_without_an_anchor_gates_the_median(tmp_path):
+    no_torch = [b for b in BASE if b["extra_info"]["backend"] != "torch_bf16"]
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", no_torch))
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00",
+                                      _scaled(no_torch, 1.2, {"auto"})))
+    comparison = results.compare(cur, base, 0.10)
+    assert [c.key[-1] for c in comparison.failures] == ["auto", "auto"]
+    assert all(c.anchor_ratio is None for c in comparison.changes)
+    assert "no anchor: gated on its own median" in comparison.report()
+
+
+def test_compare_fails_when_nothing_of_ours_is_compared_or_a_case_is_not_in_the_baseline(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    other = [_bench("qwen3-4b", "o", 1, "auto", 5.0, n=2560)]
+    comparison = results.compare(results.load_run(_write_run(tmp_path / "o.json", "2026-01-02", other)), base, 0.10)
+    assert not comparison.ok and not comparison.changes
+    report = comparison.report()
+    assert "NOTHING OF OURS COMPARED" in report and "NOT IN THE BASELINE" in report and "qwen3-4b o" in report
+    # a new case of ours next to cases that compare well still fails: nothing gates it
+    comparison = results.compare(results.load_run(_write_run(tmp_path / "n.json", "2026-01-02", [*BASE, *other])),
+                                 base, 0.10)
+    assert not comparison.ok and comparison.unbaselined and not comparison.failures
+
+
+def test_compare_refuses_a_baseline_from_another_gpu(tmp_path):
+    def run_on(gpu, name):
+        path = _write_run(tmp_path / name, "2026-01-01T00:00:00", BASE)
+        data = json.loads(path.read_text())
+        data["machine_info"]["w4a16"]["gpu"] = gpu
+        path.write_text(json.dumps(data))
+        return results.load_run(path)
+
+    comparison = results.compare(run_on("NVIDIA H100 80GB HBM3", "a.json"), run_on("NVIDIA H200", "b.json"), 0.10)
+    assert not comparison.ok and "OTHER GPU" in comparison.report()
+    assert results.compare(run_on("NVIDIA H200", "c.json"), run_on("NVIDIA H200", "d.json"), 0.10).ok
 
 
 def test_compare_peer_regression_does_not_gate(tmp_path):
@@ -374,9 +474,11 @@ def test_pytest_benchmark_stores_device_clock_seconds(tmp_path):
     run = results.load_run(out)
     (record,) = run.records.values()
     assert record.seconds == pytest.approx(3e-6)  # the median of the five advances
-    stored = results.newest_baseline(tmp_path / "store")
-    assert stored is not None and results.load_run(stored).records.keys() == run.records.keys()
     assert json.loads(out.read_text())["benchmarks"][0]["stats"]["min"] == pytest.approx(1e-6)
+    # what the bench stores is that JSON itself (results.store_run): pytest-benchmark's own stored run is the same
+    [own] = results.stored_runs(tmp_path / "store")
+    stored = results.store_run(out, tmp_path / "ours", "baseline")
+    assert results.load_run(stored).records == results.load_run(own).records == run.records
 
 
 def test_e2e_reports_a_failing_model_and_goes_on():

@@ -2,9 +2,11 @@
 
     python -m w4a16.bench                      the baseline set: tables, plots and JSON under --out
     python -m w4a16.bench --quick              a small subset, for a fast check
-    python -m w4a16.bench --save               also store the run as a baseline under baselines/<arch>/
-    python -m w4a16.bench --compare            fail (exit 1) when one of our medians is slower than the newest
-                                               stored baseline of this arch by more than --threshold (10%)
+    python -m w4a16.bench --save               also store the run as a baseline under baselines/<arch>/ (only
+                                               when every benchmark passed and any --compare passed)
+    python -m w4a16.bench --compare            fail (exit 1) when one of our medians, relative to the same run's
+                                               torch matmul, is slower than in the newest stored baseline of this
+                                               set and arch by more than --threshold (10%)
     python -m w4a16.bench --e2e                the end-to-end TTFT / TPOT table instead of the kernel benchmarks
 
 The kernel benchmarks are pytest-benchmark tests (tests/bench/test_kernels.py) run in a child pytest whose
@@ -43,9 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--e2e", action="store_true", help="run the end-to-end TTFT/TPOT table instead")
     parser.add_argument("--models", default=None,
                         help=f"comma-separated model names to keep (of {', '.join(catalogue.MODELS)})")
-    parser.add_argument("--save", action="store_true", help="store this run under <storage>/<arch>/")
+    parser.add_argument("--save", action="store_true",
+                        help="store this run under <storage>/<arch>/ if it passed (and passed --compare)")
     parser.add_argument("--compare", nargs="?", const="newest", default=None, metavar="RUN.json",
-                        help="compare with the newest stored baseline of this arch (or the given JSON); "
+                        help="compare with the newest stored baseline of this set and arch (or the given JSON); "
                              "exit 1 past the threshold")
     parser.add_argument("--threshold", default=f"{results.DEFAULT_THRESHOLD:.0%}",
                         help="regression threshold on the median, e.g. 10%% (default) or 0.05")
@@ -125,17 +128,17 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
         return 2
     baseline = None
     if args.compare is not None:
-        baseline = newest = Path(args.compare) if args.compare != "newest" else results.newest_baseline(storage)
-        if newest is None or not newest.is_file():
-            print(f"error: --compare: no stored baseline under {storage} (store one with --save)", file=sys.stderr)
+        baseline = (Path(args.compare) if args.compare != "newest"
+                    else results.newest_baseline(storage, set_name))
+        if baseline is None or not baseline.is_file():
+            print(f"error: --compare: no stored baseline of set {set_name!r} under {storage} (store one with "
+                  f"--save --set {set_name})", file=sys.stderr)
             return 2
-    before = set(results.stored_runs(storage))
     json_path = out / f"{arch}-{set_name}-{stamp}.json"
     command = [
         sys.executable, "-m", "pytest", str(BENCH_TESTS), "-q", "-p", "no:cacheprovider", "--benchmark-only",
         f"--benchmark-timer={DEVICE_CLOCK_NAME}", "--benchmark-sort=name", "--durations=8",
-        f"--benchmark-storage=file://{storage}", f"--benchmark-json={json_path}", *_quiet_flag(),
-        *([f"--benchmark-save={set_name}"] if args.save else []), *args.pytest_args,
+        f"--benchmark-json={json_path}", *_quiet_flag(), *args.pytest_args,
     ]
     env = {**os.environ, SET_ENV: set_name}
     if models:
@@ -164,11 +167,6 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
     print(text)
     (out / "tables.md").write_text(text)
     plots = _plots(current, out, device)
-    saved = sorted(set(results.stored_runs(storage)) - before)
-    if args.save:
-        for path in [out / "tables.md", *plots]:
-            shutil.copy2(path, storage / path.name)
-        print(f"bench: saved {', '.join(str(p) for p in saved) or '(nothing: pytest-benchmark did not save)'}")
     status = 0 if rc == 0 else 1
     if baseline is not None:
         # With extra pytest arguments (-k ...) the cases asked for are not known here: only measured ones count.
@@ -179,6 +177,17 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
         (out / "compare.txt").write_text(f"baseline: {baseline}\n{comparison.report()}\n")
         if not comparison.ok:
             status = 1
+    if args.save:
+        # Stored only now, after the run and the comparison: a failed or regressed run must not become the
+        # baseline that the next --compare measures against.
+        if status == 0:
+            stored = results.store_run(json_path, storage, set_name)
+            for path in [out / "tables.md", *plots]:
+                shutil.copy2(path, storage / path.name)
+            print(f"bench: saved {stored}")
+        else:
+            print("bench: NOT saved: " + ("the comparison failed" if rc == 0 else f"pytest exited with {rc}"),
+                  file=sys.stderr)
     print(f"bench: results in {out}")
     return status
 

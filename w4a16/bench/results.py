@@ -4,11 +4,15 @@ A record is one benchmark: its extra_info (model, layer, N, K, M, group_size, dt
 and its median per-call time in seconds. The stats pytest-benchmark stores are per-call device seconds (the
 bench times with `w4a16.bench.timing.device_clock`), so the median of a stored run is read straight from them.
 
---compare gates our backends (auto, skinny, triton, dequant_blas): a case regresses when its median grows by more
-than the threshold over the newest stored baseline of this arch. Peers are compared and printed too, but do not
-fail the run: a slower cuBLAS is news about the machine, not about this code (next to a regressed case of ours the
-report shows how the peers of the same shape and M moved). A case of ours that the baseline has and this run was
-asked to measure but did not (a kernel that now refuses or skips) is a failure as well.
+--compare gates our backends (auto, skinny, triton, dequant_blas) against the newest stored baseline of the same
+case set on this arch. Absolute times drift between runs with the machine's clocks (the torch peers moved by up to
+24% between stored runs on the same H200), so a case of ours is measured against the same run's torch matmul in its
+dtype (the anchor): it regresses when its time relative to the anchor grows by more than the threshold. A case
+without an anchor in both runs is gated on its own median. Peers are compared and printed too, but do not gate.
+The comparison fails as well when a case of ours that the baseline has and this run was asked to measure was not
+measured (a kernel that now refuses or skips), when a case of ours was measured that the baseline lacks (nothing
+gates it: store a new baseline), when nothing of ours was compared at all, and when the two runs come from
+different GPUs (one arch, e.g. sm_90, holds several).
 """
 
 from __future__ import annotations
@@ -118,10 +122,24 @@ def stored_runs(storage: str | Path) -> list[Path]:
     return [p for _, _, p in sorted(stamped)]
 
 
-def newest_baseline(storage: str | Path) -> Path | None:
-    """The newest stored run of a storage folder (by the datetime pytest-benchmark recorded), or None."""
-    runs = stored_runs(storage)
+def newest_baseline(storage: str | Path, set_name: str | None = None) -> Path | None:
+    """The newest stored run of a storage folder (by the datetime pytest-benchmark recorded), or None; with
+    `set_name`, the newest stored run of that case set (files NNNN_<set>.json)."""
+    runs = [p for p in stored_runs(storage) if set_name is None or p.stem.split("_", 1)[-1] == set_name]
     return runs[-1] if runs else None
+
+
+def store_run(run_json: str | Path, storage: str | Path, set_name: str) -> Path:
+    """Copy a run's pytest-benchmark JSON into storage as the next baseline of its set: <storage>/<machine id>/
+    NNNN_<set>.json, pytest-benchmark's own naming, numbered after every run the storage holds."""
+    from pytest_benchmark.utils import get_machine_id
+
+    storage = Path(storage)
+    numbers = [int(p.stem.split("_", 1)[0]) for p in stored_runs(storage) if p.stem.split("_", 1)[0].isdigit()]
+    target = storage / get_machine_id() / f"{max(numbers, default=0) + 1:04d}_{set_name}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(Path(run_json).read_bytes())
+    return target
 
 
 def parse_threshold(text: str | float) -> float:
@@ -141,15 +159,26 @@ def parse_threshold(text: str | float) -> float:
     return value
 
 
+def anchor_backend(dtype: str) -> str:
+    """The peer a case of ours is measured against: torch's matmul in the case's dtype (cuBLAS / hipBLASLt)."""
+    return f"torch_{dtype}"
+
+
 @dataclass(frozen=True)
 class Change:
     key: tuple
     baseline_s: float
     current_s: float
+    anchor_ratio: float | None = None  # the anchor's current / baseline time (ours only, where both runs have it)
 
     @property
     def ratio(self) -> float:
         return self.current_s / self.baseline_s
+
+    @property
+    def relative_ratio(self) -> float:
+        """The change in time relative to the anchor of the same run (the plain ratio where there is none)."""
+        return self.ratio / self.anchor_ratio if self.anchor_ratio else self.ratio
 
     @property
     def gated(self) -> bool:
@@ -161,39 +190,63 @@ class Comparison:
     threshold: float
     changes: list[Change] = field(default_factory=list)
     missing: list[tuple] = field(default_factory=list)  # ours, in the baseline and asked for, not measured
+    unbaselined: list[tuple] = field(default_factory=list)  # ours, measured, not in the baseline
+    gpus: tuple[str | None, str | None] = (None, None)  # the baseline's and this run's GPU names, where recorded
 
     @property
     def regressions(self) -> list[Change]:
-        return [c for c in self.changes if c.ratio > 1 + self.threshold]
+        return [c for c in self.changes if (c.relative_ratio if c.gated else c.ratio) > 1 + self.threshold]
 
     @property
     def failures(self) -> list[Change]:
         return [c for c in self.regressions if c.gated]
 
     @property
+    def other_gpu(self) -> bool:
+        return None not in self.gpus and self.gpus[0] != self.gpus[1]
+
+    @property
     def ok(self) -> bool:
-        return not self.failures and not self.missing
+        gated = any(c.gated for c in self.changes)
+        return gated and not self.failures and not self.missing and not self.unbaselined and not self.other_gpu
 
     def report(self) -> str:
-        lines = [f"compared {len(self.changes)} cases (threshold +{self.threshold:.0%} on the median; "
-                 f"our backends gate, peers are informational)"]
-        if self.changes:
-            ours = [c.ratio for c in self.changes if c.gated]
-            if ours:
-                geo = math.exp(sum(math.log(r) for r in ours) / len(ours))
-                lines.append(f"ours: geometric mean time ratio {geo:.3f} (current / baseline) over {len(ours)} cases")
+        lines = [f"compared {len(self.changes)} cases (threshold +{self.threshold:.0%} on the median relative to "
+                 "the same run's torch matmul; our backends gate, peers are informational)"]
+        ours = [c for c in self.changes if c.gated]
+        if ours:
+            geo = math.exp(sum(math.log(c.ratio) for c in ours) / len(ours))
+            rel = math.exp(sum(math.log(c.relative_ratio) for c in ours) / len(ours))
+            lines.append(f"ours: geometric mean time ratio {geo:.3f} (current / baseline), {rel:.3f} relative to "
+                         f"the anchor, over {len(ours)} cases")
+        else:
+            lines.append("NOTHING OF OURS COMPARED: this run and the baseline share no case of our backends")
+        if self.other_gpu:
+            lines.append(f"OTHER GPU: the baseline was measured on {self.gpus[0]}, this run on {self.gpus[1]}; "
+                         "store a baseline for this GPU (--save) or compare with one of its runs (--compare RUN.json)")
         for title, items in (("REGRESSED (ours)", self.failures),
                              ("regressed (peers, not gating)", [c for c in self.regressions if not c.gated])):
             if items:
                 lines.append(f"{title}:")
-                for c in sorted(items, key=lambda c: -c.ratio):
+                for c in sorted(items, key=lambda c: -c.relative_ratio):
                     lines.append(f"  {_key_text(c.key):60s} {c.baseline_s * 1e6:9.2f} -> {c.current_s * 1e6:9.2f} us"
-                                 f"  ({c.ratio - 1:+.1%}){self._peer_context(c)}")
+                                 f"  ({c.ratio - 1:+.1%}){self._anchor_text(c)}{self._peer_context(c)}")
         if self.missing:
             lines.append("MISSING (ours: in the baseline, asked for, not measured this run):")
             lines += [f"  {_key_text(k)}" for k in self.missing]
+        if self.unbaselined:
+            lines.append("NOT IN THE BASELINE (ours: measured, nothing to compare with; store a new baseline):")
+            lines += [f"  {_key_text(k)}" for k in self.unbaselined]
         lines.append("compare: PASS" if self.ok else "compare: FAIL")
         return "\n".join(lines)
+
+    @staticmethod
+    def _anchor_text(change: Change) -> str:
+        if not change.gated:
+            return ""
+        if change.anchor_ratio is None:
+            return ", no anchor: gated on its own median"
+        return f", {change.relative_ratio - 1:+.1%} relative to {anchor_backend(change.key[5])}"
 
     def _peer_context(self, change: Change) -> str:
         """For a case of ours: how the peers of the same shape and M moved between the two runs. Peers moving too
@@ -215,15 +268,25 @@ def _key_text(key: tuple) -> str:
 def compare(current: Run, baseline: Run, threshold: float = DEFAULT_THRESHOLD,
             expected: Iterable[tuple] | None = None) -> Comparison:
     """Medians of the cases both runs hold; `expected`: the keys this run was asked to measure."""
-    result = Comparison(threshold)
+    gpus = tuple(run.machine.get("w4a16", {}).get("gpu") for run in (baseline, current))
+    result = Comparison(threshold, gpus=gpus)
+
+    def anchor_ratio(key: tuple) -> float | None:
+        if key[-1] not in OURS:
+            return None
+        anchor = (*key[:-1], anchor_backend(key[5]))
+        base, cur = baseline.records.get(anchor), current.records.get(anchor)
+        return cur.seconds / base.seconds if base and cur else None
+
     for key, base in sorted(baseline.records.items()):
         cur = current.records.get(key)
         if cur is not None:
-            result.changes.append(Change(key, base.seconds, cur.seconds))
+            result.changes.append(Change(key, base.seconds, cur.seconds, anchor_ratio(key)))
     if expected is not None:
         wanted = set(expected)
         result.missing = sorted(k for k in baseline.records
                                 if k[-1] in OURS and k in wanted and k not in current.records)
+    result.unbaselined = sorted(k for k in current.records if k[-1] in OURS and k not in baseline.records)
     return result
 
 
