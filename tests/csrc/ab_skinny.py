@@ -4,6 +4,7 @@
     python3 tests/csrc/ab_skinny.py HEAD . --passes 3     # "." is the working tree's csrc/
     python3 tests/csrc/ab_skinny.py HEAD . --layer llama_gate_up
     python3 tests/csrc/ab_skinny.py old/ .                 # a directory holding a csrc/ (no git history needed)
+    python3 tests/csrc/ab_skinny.py . tests/csrc/variants/*.patch   # the working tree's csrc/ with each patch
 
 Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
 cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`
@@ -19,6 +20,7 @@ import argparse
 import concurrent.futures
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,11 +92,14 @@ def table(names: list[str], results: list[dict[str, Case]]) -> tuple[str, bool]:
 
 
 def export_csrc(version: str, into: Path) -> Path:
-    """The csrc/ directory of a version, to build against: "." is the working tree's, a directory holding a csrc/
-    is taken as it is (a copy of the repository without its history can time `git archive REV csrc | tar -x -C DIR`
-    made elsewhere), anything else is a git revision."""
+    """The csrc/ directory of a version, to build against: "." is the working tree's, a .patch file is the working
+    tree's with that patch applied (tests/csrc/variants: prepared variants travel as patches, so a copy of the
+    repository without its history can time them), a directory holding a csrc/ is taken as it is, anything else is
+    a git revision."""
     if version == ".":
         return ROOT / "csrc"
+    if version.endswith(".patch"):
+        return apply_patch(Path(version), into)
     if Path(version).is_dir():
         if not (Path(version) / "csrc" / "skinny_mma.cuh").is_file():
             raise SystemExit(f"{version} is a directory without csrc/skinny_mma.cuh: give a git revision, ., or a "
@@ -104,6 +109,16 @@ def export_csrc(version: str, into: Path) -> Path:
                              capture_output=True).stdout
     into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "csrc"
+
+
+def apply_patch(patch: Path, into: Path) -> Path:
+    """A copy of the working tree's csrc/ under `into`, with `patch` (a diff of csrc/ made by git) applied."""
+    shutil.copytree(ROOT / "csrc", into / "csrc")
+    done = subprocess.run(["git", "apply", str(patch.resolve())], cwd=into, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{patch} does not apply to the working tree's csrc/ (rebase it onto the current kernel, "
+                         f"or delete it with its csrc/PERF.md entry):\n{done.stderr}")
     return into / "csrc"
 
 
@@ -117,7 +132,8 @@ def build(csrc: Path, binary: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("versions", nargs="+",
-                        help="git revisions of csrc/, . for the working tree, or directories holding a csrc/")
+                        help="git revisions of csrc/, . for the working tree, patches of it (.patch), or directories "
+                             "holding a csrc/")
     parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
     parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
     args = parser.parse_args(argv)
@@ -139,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not cases:
                     raise SystemExit(f"{args.versions[i]} timed nothing:\n{done.stdout}{done.stderr}")
                 runs[i].append(cases)
-    text, all_ok = table(args.versions, [best_of(r) for r in runs])
+    names = [Path(v).stem if v.endswith(".patch") else v for v in args.versions]
+    text, all_ok = table(names, [best_of(r) for r in runs])
     print(text)
     return 0 if all_ok else 1
 

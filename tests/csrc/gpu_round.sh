@@ -6,8 +6,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD W4A16_BUILD_DIR=/tmp/w4a16-build
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu.txt"
 ( time python3 -m w4a16.skinny_build ) 2>&1 | tee "$OUT/build.log" || exit 1
 ERRORS="staging_limit or host_checks or opcheck or limits_agree"
+# With pytest-xdist (where the machine has it) 8 workers share the GPU; the error-path tests below run alone.
+WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${PYTEST_WORKERS:-8}" || true)
 python3 -m pytest tests/csrc/test_skinny_gpu.py tests/csrc/test_skinny_python.py -q --maxfail=20 -p no:cacheprovider \
-  -k "not ($ERRORS)" 2>&1 | tail -25 | tee "$OUT/pytest.log"
+  $WORKERS -k "not ($ERRORS)" 2>&1 | tail -25 | tee "$OUT/pytest.log"
 compute-sanitizer --tool memcheck --error-exitcode 3 python3 tests/csrc/sanitize_skinny.py 2>&1 | tail -8 | tee "$OUT/sanitizer.log"
 echo "compute-sanitizer exit: $?" | tee -a "$OUT/sanitizer.log"
 python3 tests/csrc/bench_skinny.py "$OUT/bench.json" > "$OUT/bench.log" 2>&1

@@ -1,9 +1,16 @@
-"""The A/B tool's reading of time_skinny.cu output and its table (the timing itself needs an sm_90 GPU)."""
+"""The A/B tool's reading of time_skinny.cu output and its table (the timing itself needs an sm_90 GPU), and the
+prepared variants it times (tests/csrc/variants): they apply, build, and keep the kernel's schedule."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import ab_skinny as ab  # this directory is on sys.path (pytest's default import mode, no __init__.py here)
 import pytest
+from w4a16_testing import require_tool
+
+from w4a16 import sass, skinny_build
 
 RUN_A = """llama_qkv              M=1     8.50 us  checksum 1.234500e+02 4.560000e+03  check ok (worst 0.02 of the allowed error)
 llama_down             M=8 skipped: 230000 bytes of shared memory
@@ -56,3 +63,46 @@ def test_export_csrc_of_a_directory(tmp_path):
     assert ab.export_csrc(str(tmp_path / "old"), tmp_path / "v") == tmp_path / "old" / "csrc"
     with pytest.raises(SystemExit, match="without csrc/skinny_mma.cuh"):
         ab.export_csrc(str(tmp_path), tmp_path / "w")
+
+
+def test_export_csrc_of_a_patch(tmp_path):
+    source = (ab.ROOT / "csrc" / "skinny_mma.cuh").read_text()
+    first, *context = source.splitlines()[:4]
+    patch = tmp_path / "edit.patch"
+    patch.write_text("A description before the diff is ignored.\n\n"
+                     "diff --git a/csrc/skinny_mma.cuh b/csrc/skinny_mma.cuh\n--- a/csrc/skinny_mma.cuh\n"
+                     f"+++ b/csrc/skinny_mma.cuh\n@@ -1,4 +1,4 @@\n-{first}\n+// edited\n"
+                     + "".join(f" {line}\n" for line in context))
+    csrc = ab.export_csrc(str(patch), tmp_path / "v")
+    assert (csrc / "skinny_mma.cuh").read_text() == source.replace(first, "// edited", 1)
+    assert (ab.ROOT / "csrc" / "skinny_mma.cuh").read_text() == source  # the working tree is untouched
+    patch.write_text(patch.read_text().replace(f"-{first}", "-// a line that is not there"))
+    with pytest.raises(SystemExit, match="does not apply"):
+        ab.export_csrc(str(patch), tmp_path / "w")
+
+
+VARIANTS = sorted((ab.ROOT / "tests" / "csrc" / "variants").glob("*.patch"))
+
+
+@pytest.mark.parametrize("patch", VARIANTS, ids=lambda p: p.stem)
+def test_prepared_variant_applies_and_builds(patch, tmp_path):
+    """The variants csrc/PERF.md plans to time (tests/csrc/variants) still apply to the current kernel and build
+    into the timing harness without spilling; the mergeable ones (all but the bound-* timing bounds) also keep the
+    weight ring waiting once per pass, as test_device_compile checks for the shipped kernel."""
+    csrc = ab.export_csrc(str(patch), tmp_path / "v")
+    nvcc = skinny_build.nvcc_path()
+    require_tool(nvcc is not None, "nvcc is needed to build the timing harness for sm_90")
+    binary = tmp_path / "time_skinny"
+    done = subprocess.run([nvcc, *ab.NVCC_FLAGS, "-Xptxas", "-v", f"-I{csrc}", f"-I{ab.HARNESS.parent}", "-o",
+                           str(binary), str(ab.HARNESS)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    assert spills and all(a == b == "0" for a, b in spills), f"{patch.stem} spills"
+    if patch.stem.startswith("bound-"):
+        return
+    cuobjdump = skinny_build.cuobjdump_path()
+    require_tool(cuobjdump is not None, "cuobjdump (CUDA or Triton's copy) disassembles the harness")
+    listing = subprocess.run([cuobjdump, "-sass", str(binary)], capture_output=True, text=True, check=True).stdout
+    kernels = {skinny_build.kernel_label(name): len(sass.refill_waits(instructions))
+               for name, instructions in sass.functions(listing).items() if "skinny_gemm_kernel" in name}
+    assert kernels and not [label for label, waits in kernels.items() if waits], kernels
