@@ -187,6 +187,13 @@ def test_op_rejects_inconsistent_tensors(generator):
         torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros, 128, None, "auto")
     with pytest.raises(ValueError, match="zeros must be uint8"):
         torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros.to(torch.int32), 64, None, "auto")
+    # The op skips QuantizedWeight's constructor: the group size and the layout are checked here too.
+    for group_size in (0, 16, 96):
+        with pytest.raises(ValueError, match=rf"group_size must be one of \(32, 64, 128\), got {group_size}"):
+            torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros, group_size, None, "reference")
+    strided = qw.scales.t().contiguous().t()
+    with pytest.raises(ValueError, match=r"scales must be contiguous .* got strides \(1, 16\)"):
+        torch.ops.w4a16.gemm(x, qw.qweight, strided, qw.zeros, 64, None, "auto")
 
 
 @pytest.mark.parametrize(("symmetric", "with_bias", "shape"), [(True, False, (3, 128)), (False, True, (2, 4, 128))])

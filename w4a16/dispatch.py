@@ -33,7 +33,7 @@ from types import ModuleType
 import torch
 
 from .arch import arch
-from .layout import QuantizedWeight
+from .layout import QuantizedWeight, check_group_size
 from .reference import check_gemm_args, dequantize, reference_gemm
 
 # "reference_fp64": the reference accumulated in float64, never chosen by "auto" (the accuracy gate's control).
@@ -215,6 +215,11 @@ def _check_call(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     check_gemm_args(x, qw, bias)
+    check_group_size(qw.group_size)
+    for name, tensor in (("qweight", qw.qweight), ("scales", qw.scales), ("zeros", qw.zeros)):
+        if tensor is not None and not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernels index it as a dense row-major array), got "
+                             f"strides {tuple(tensor.stride())} for shape {tuple(tensor.shape)}")
     if qw.qweight.dtype != torch.int32 or tuple(qw.qweight.shape) != (qw.n, qw.k // 8):
         raise ValueError(f"qweight must be int32 [N, K // 8], got {qw.qweight.dtype} {tuple(qw.qweight.shape)}")
     if qw.k % qw.group_size or tuple(qw.scales.shape) != (qw.n, qw.k // qw.group_size):

@@ -134,6 +134,21 @@ def test_the_tuner_writes_per_shape_dequant_blas_thresholds():
     assert table["dequant_blas_overrides"] == [{"n": 1024, "k": 512, "min_m": 512}, {"n": 4096, "k": 512, "min_m": 1024}]
 
 
+def test_the_tuners_arch_crossover_compares_with_what_the_table_runs():
+    """The arch's crossover and the shapes' own are measured against the same times: the config the table picks
+    for each shape (the bucket's default, within the override margin of the shape's best), not the shape's best."""
+    from w4a16.triton.tune import build_table
+
+    a, b, c = ({"BLOCK_M": 64, "BLOCK_N": n, "BLOCK_K": 64, "num_warps": 4} for n in (32, 64, 128))
+    # Each shape has its own best (10.0), the bucket's default is b for both (10.4, within the 5% margin), and
+    # dequant_blas (10.2) beats what the table runs for either shape, though not their best configs.
+    results = [{"n": 1024, "k": 512, "m": 4096, "configs": [(a, 10.0), (b, 10.4), (c, 20.0)], "dequant_blas_us": 10.2},
+               {"n": 4096, "k": 512, "m": 4096, "configs": [(a, 20.0), (b, 10.4), (c, 10.0)], "dequant_blas_us": 10.2}]
+    table = build_table(results)
+    assert table["buckets"][0]["rules"][0]["config"] == b and table["overrides"] == []
+    assert table["dequant_blas_min_m"] == 4096 and table["dequant_blas_overrides"] == []
+
+
 def test_a_merged_retune_replaces_only_its_buckets(tmp_path, monkeypatch):
     """tune --merge: the re-tuned buckets and their overrides come from the new run; every other bucket, override
     and the dequant_blas entries stay; the meta says which buckets came from which run."""

@@ -66,7 +66,7 @@ def test_tiles(shape, config, group_size, symmetric, dtype, generator):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_split_k_with_an_empty_split(dtype, generator):
+def test_split_k_with_an_empty_split(dtype, generator, monkeypatch):
     """K = 128 in BLOCK_K = 32 tiles over 3 splits is 2 + 2 + 0 tiles: the empty split must still write its slice
     of the split-K workspace, which is not initialised (the allocator is primed with NaN of that size first)."""
     from w4a16.triton.gemm_kernel import launch_gemm
@@ -75,9 +75,28 @@ def test_split_k_with_an_empty_split(dtype, generator):
     qw = random_weight(n, k, 32, False, dtype, DEVICE, generator)
     x = random_activation(m, k, dtype, DEVICE, generator)
     bias = _bias(n, dtype, generator)
-    torch.full((3, m, n), float("nan"), dtype=torch.float32, device=DEVICE)  # freed at once, its memory reused
+    monkeypatch.setattr(torch, "empty", _nan_empty)  # the workspace starts as NaN, whatever the allocator reuses
     out = launch_gemm(x, qw, bias, TileConfig(16, 32, 32, 4, 1, 3, True), out=_poisoned(m, n, dtype))
     assert_matches_reference(out, x, qw, bias)
+
+
+_torch_empty = torch.empty
+
+
+def _nan_empty(*size, **kwargs):
+    tensor = _torch_empty(*size, **kwargs)
+    return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+
+def test_a_config_whose_block_k_does_not_divide_the_group_is_refused(generator):
+    """One scale per K tile: a BLOCK_K past G would apply one group's scale to the next (select_config clamps
+    BLOCK_K; a config passed to launch_gemm directly must not bypass that)."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    qw = random_weight(32, 96, 32, True, torch.float16, DEVICE, generator)
+    x = random_activation(3, 96, torch.float16, DEVICE, generator)
+    with pytest.raises(ValueError, match="config.block_k=64 must divide group_size=32"):
+        launch_gemm(x, qw, None, TileConfig(16, 32, 64, 4, 1, 1, False))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -151,6 +151,9 @@ def launch_gemm(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileCo
             raise RuntimeError(f"tile config {config} selects the wgmma kernel, which needs triton's Gluon "
                                f"(triton >= 3.6; this is triton {triton.__version__}): {exc}") from exc
         return launch_wgmma(x2d, qw, bias, config, out=out)
+    if qw.group_size % config.block_k:
+        raise ValueError(f"config.block_k={config.block_k} must divide group_size={qw.group_size}: the kernel applies "
+                         "one scale per K tile (select_config clamps BLOCK_K to G)")
     m, k = x2d.shape
     n = qw.n
     if ptx_dequant is None:

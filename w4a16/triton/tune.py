@@ -246,16 +246,18 @@ def build_table(results: list[dict]) -> dict:
         score = {c: math.exp(sum(math.log(t[c] / b) for t, b in zip(times, best, strict=True)) / len(rows)) for c in common}
         default = min(score, key=score.get)
         buckets.append({"m": m, "rules": [{"when": "any", "config": json.loads(default)}]})
+        picked = []  # what the table will run for each shape: its override, else the bucket's config
         for r, t, b in zip(rows, times, best, strict=True):
             own = min(t, key=t.get)
             overridden = t[default] > OVERRIDE_GAIN * b
             if overridden:
                 overrides.append({"n": r["n"], "k": r["k"], "m": m, "config": json.loads(own)})
-            # dequant_blas against what the table will run for this shape: its override, else the bucket's config.
-            shape_wins.setdefault((r["n"], r["k"]), {})[m] = r["dequant_blas_us"] < t[own if overridden else default]
-        fused = math.exp(sum(math.log(b) for b in best) / len(rows))
+            picked.append(t[own if overridden else default])
+            shape_wins.setdefault((r["n"], r["k"]), {})[m] = r["dequant_blas_us"] < picked[-1]
+        # The arch's crossover against the same times as the shapes' own: what the table runs.
+        table_us = math.exp(sum(math.log(us) for us in picked) / len(rows))
         blas = math.exp(sum(math.log(r["dequant_blas_us"]) for r in rows) / len(rows))
-        blas_wins[m] = blas < fused
+        blas_wins[m] = blas < table_us
     min_m = _crossover(blas_wins)
     shape_min_m = {shape: _crossover(wins) for shape, wins in sorted(shape_wins.items())}
     blas_overrides = [{"n": n, "k": k, "min_m": own} for (n, k), own in shape_min_m.items() if own != min_m]

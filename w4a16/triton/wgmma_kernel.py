@@ -616,7 +616,10 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
     if out is None:
         out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     if config.x_gather:
-        x_in = x2d
+        # cp.async copies 16-byte pieces of x, which Triton compiles only with its alignment hints on x: a 16-byte
+        # aligned base and a row stride divisible by 16 (elements). Any other view is copied once.
+        gather_ready = x2d.data_ptr() % 16 == 0 and x2d.stride(0) % 16 == 0
+        x_in = x2d if gather_ready else torch.empty((m, k), dtype=x2d.dtype, device=x2d.device).copy_(x2d)
     elif config.x_natural:  # TMA reads x as it is, if its base and row stride are 16-byte multiples
         tma_ready = x2d.data_ptr() % 16 == 0 and x2d.stride(0) % 8 == 0 and x2d.stride(0) >= k
         x_in = x2d if tma_ready else torch.empty((m, k), dtype=x2d.dtype, device=x2d.device).copy_(x2d)
