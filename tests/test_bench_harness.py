@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from w4a16_testing import random_weight
+from w4a16_testing import random_weight, require_module
 
 import w4a16
 from w4a16.bench import catalogue, cli, metrics, peers, results, timing
@@ -413,7 +413,7 @@ def test_tinygemm_operands(generator, symmetric):
 
 
 def test_plots_written(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib comes with the bench extra, which nox -s tests installs")
+    require_module("matplotlib", "matplotlib comes with the bench extra, which nox -s tests installs")
     run = results.load_run(_write_run(tmp_path / "a.json", "2026-01-01T00:00:00", BASE))
     paths = plots_module().plot_models(run.records.values(), run.copy_gbps, tmp_path / "plots")
     assert [p.name for p in paths] == ["llama3.1-8b.png"]
@@ -427,7 +427,7 @@ def plots_module():
 
 
 def test_e2e_flow_on_a_tiny_model():
-    pytest.importorskip("transformers")
+    require_module("transformers", "transformers comes with the bench extra, which nox -s tests installs")
     from w4a16.bench import e2e
 
     tiny = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -482,7 +482,7 @@ def test_pytest_benchmark_stores_device_clock_seconds(tmp_path):
 
 
 def test_e2e_reports_a_failing_model_and_goes_on():
-    pytest.importorskip("transformers")
+    require_module("transformers", "transformers comes with the bench extra, which nox -s tests installs")
     from w4a16.bench import e2e
 
     # hidden_size 96 is not a multiple of group_size 128: quantize_model refuses, naming the layer

@@ -39,6 +39,21 @@ def test_decide_falls_back_when_backends_are_missing():
     assert decide(10**6, 4096, 4096, no_blas, **ALL) == "triton"
 
 
+def test_a_call_past_the_fused_kernels_offsets_goes_to_dequant_blas():
+    """Qwen2.5-7B gate_up at 65536 tokens (e.g. lm-eval's batch of 32 x 2048 flattened): M * N >= 2^31, which the
+    fused kernel's 32-bit offsets cannot index; dequant_blas indexes only W and takes it, below its threshold too."""
+    from w4a16.triton import index_limit_reason
+
+    m, n, k = 65536, 37888, 3584
+    assert "M*N=2483027968 exceeds" in index_limit_reason(m, n, k, "triton")
+    assert index_limit_reason(m, n, k, "dequant_blas") is None
+    assert "N*K" in index_limit_reason(1, 2**16, 2**16, "dequant_blas")
+    fits = {"triton": False, "dequant_blas": True, "skinny": True}  # what choose_backend passes for this call
+    no_blas = DispatchRules("test", 5, 5 * 4096, dequant_blas_min_m=None)
+    assert decide(m, n, k, no_blas, **fits) == "dequant_blas"
+    assert decide(m, n, k, no_blas, skinny=True, triton=False, dequant_blas=False) == "reference"
+
+
 def test_per_shape_dequant_blas_thresholds_win_over_the_arch_one():
     r = DispatchRules("test", 5, 5 * 4096, dequant_blas_min_m=512,
                       dequant_blas_overrides={(28672, 4096): 1024, (2560, 4096): 256, (64, 64): None})

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 from torch import nn
-from w4a16_testing import assert_matches_reference
+from w4a16_testing import assert_matches_reference, require_module
 
-transformers = pytest.importorskip("transformers", reason="transformers comes with the eval extra")
-save_file = pytest.importorskip("safetensors.torch", reason="safetensors comes with the eval extra").save_file
+transformers = require_module("transformers", "transformers comes with the eval extra")
+save_file = require_module("safetensors.torch", "safetensors comes with the eval extra").save_file
 
 from w4a16 import W4A16Linear  # noqa: E402
 from w4a16.formats import to_awq, to_compressed_tensors  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -26,6 +27,17 @@ def require_tool(available: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI=true and a required tool is missing: {reason}")
     pytest.skip(reason)
+
+
+def require_module(name: str, reason: str):
+    """pytest.importorskip, except under CI=true, where a module the test extras install is missing from a broken
+    install and that is a failure. Works at module level too."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"CI=true and {name} is not importable ({exc}): {reason}", pytrace=False)
+        pytest.skip(f"{name} is not importable: {reason}", allow_module_level=True)
 
 
 def random_weight(n: int, k: int, group_size: int, symmetric: bool, dtype: torch.dtype, device="cpu",

@@ -5,7 +5,8 @@ The rule (DESIGN.md, "The hybrid dispatch"), for x flattened to M rows of K:
     skinny        if the skinny op runs on this device and dtype, 1 <= M <= skinny_max_m and K * M fits the
                   kernel's on-chip staging (skinny_staging_elements)
     dequant_blas  else, if the route exists for this device and the arch's table sets dequant_blas_min_m <= M
-                  (the table's entry for this weight's exact (N, K) where it has one)
+                  (the table's entry for this weight's exact (N, K) where it has one), or if the call is past
+                  the fused kernel's 32-bit offsets (M * N or M * K >= 2^31; dequant_blas takes any M)
     triton        else, if the Triton kernel runs on this device
     reference     otherwise (CPU, fp32 activations, no GPU kernel for the device)
 
@@ -106,18 +107,18 @@ def _dequant_blas_thresholds(arch_name: str) -> tuple[int | None, dict[tuple[int
     """`dequant_blas_min_m` and `dequant_blas_overrides` of the arch's Triton table (its owner, w4a16.triton,
     measures them with the tuner)."""
     configs, _ = _module("w4a16.triton.configs")
-    if configs is None or arch_name == "cpu" or not hasattr(configs, "dequant_blas_min_m"):
+    if configs is None or arch_name == "cpu":
         return None, {}
     return configs.dequant_blas_min_m(arch_name), configs.dequant_blas_overrides(arch_name)
 
 
 def decide(m: int, n: int, k: int, rules: DispatchRules, *, skinny: bool, triton: bool, dequant_blas: bool) -> str:
-    """The hybrid rule for M rows of K times an [N, K] weight, given which backends can run (pure: no device, no
-    imports)."""
+    """The hybrid rule for M rows of K times an [N, K] weight, given which backends can run this call (pure: no
+    device, no imports). dequant_blas also takes what the fused kernel cannot (a call past its 32-bit offsets)."""
     if skinny and rules.skinny_fits(m, k):
         return "skinny"
     min_m = rules.dequant_blas_from(n, k)
-    if dequant_blas and min_m is not None and m >= min_m:
+    if dequant_blas and (not triton or (min_m is not None and m >= min_m)):
         return "dequant_blas"
     if triton:
         return "triton"
@@ -129,14 +130,10 @@ def _uncached_unavailable_reason(backend: str, device: torch.device, dtype: torc
         return None
     if dtype not in KERNEL_DTYPES:
         return f"the {backend} kernel takes float16 or bfloat16 activations, got {dtype}"
-    name, entry = ("w4a16.skinny", "skinny_gemm") if backend == "skinny" else (
-        "w4a16.triton", "triton_gemm" if backend == "triton" else "dequant_blas_gemm")
+    name = "w4a16.skinny" if backend == "skinny" else "w4a16.triton"
     module, reason = _module(name)
     if module is None:
         return reason
-    for attr in (entry, "unavailable_reason"):
-        if not hasattr(module, attr):
-            return f"{name} has no {attr}() in this version"
     return module.unavailable_reason(device, dtype) if backend == "skinny" else module.unavailable_reason(device)
 
 
@@ -173,6 +170,9 @@ def choose_backend(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     available = {b: unavailable_reason(b, device, dtype) is None for b in ("skinny", "triton", "dequant_blas")}
+    for route in ("triton", "dequant_blas"):  # and whether the call fits the route's 32-bit offsets
+        if available[route]:
+            available[route] = importlib.import_module("w4a16.triton").index_limit_reason(m, n, k, route) is None
     return decide(m, n, k, rules(_device_arch(device)), **available)
 
 

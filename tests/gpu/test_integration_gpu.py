@@ -12,7 +12,7 @@ import contextlib
 import pytest
 import torch
 from torch import nn
-from w4a16_testing import assert_matches_reference, random_activation, random_weight
+from w4a16_testing import assert_matches_reference, random_activation, random_weight, require_module
 
 import w4a16
 from w4a16 import W4A16Linear, dispatch
@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the real skinny and Triton kernels)"),
 ]
-transformers = pytest.importorskip("transformers", reason="transformers comes with the eval extra")
+transformers = require_module("transformers", "transformers comes with the eval extra")
 
 DTYPES = (torch.float16, torch.bfloat16)
 

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from w4a16 import dispatch
 from w4a16.triton import configs
 from w4a16.triton.configs import SHIPPED_ARCHS, TileConfig, load_table, select_config
 
@@ -75,9 +76,10 @@ def test_exact_overrides_win_over_rules(tmp_path, monkeypatch):
         assert select_config("sm_00", 10, 512, 2048, 128) == TileConfig(16, 32, 64, 4)
         assert configs.dequant_blas_min_m("sm_00") == 2048
         assert configs.dequant_blas_overrides("sm_00") == {(512, 1024): 64, (256, 1024): None}
-        assert configs.dequant_blas_min_m("sm_00", 512, 1024) == 64
-        assert configs.dequant_blas_min_m("sm_00", 256, 1024) is None
-        assert configs.dequant_blas_min_m("sm_00", 1024, 512) == 2048
+        rules = dispatch.rules("sm_00")  # where the two meet
+        assert rules.dequant_blas_from(512, 1024) == 64
+        assert rules.dequant_blas_from(256, 1024) is None
+        assert rules.dequant_blas_from(1024, 512) == 2048
     finally:
         configs.load_table.cache_clear()
 

@@ -140,13 +140,10 @@ def unavailable_reason(backend: str, m: int, k: int, dtype: torch.dtype, device:
     if backend not in OURS or backend == "auto":
         return None
     dispatch = w4a16.dispatch
-    if backend not in getattr(dispatch, "BACKENDS", ()):
-        return f"backend {backend!r} is not in w4a16.dispatch.BACKENDS {getattr(dispatch, 'BACKENDS', ())}"
-    if hasattr(dispatch, "unavailable_reason"):
-        reason = dispatch.unavailable_reason(backend, device, dtype)
-        if reason is not None:
-            return reason
-    if backend == "skinny" and hasattr(dispatch, "rules"):
+    reason = dispatch.unavailable_reason(backend, device, dtype)
+    if reason is not None:
+        return reason
+    if backend == "skinny":
         rules = dispatch.rules(w4a16.arch(device))
         if not rules.skinny_fits(m, k):
             return (f"skinny takes 1 <= M <= {rules.skinny_max_m} with K*M <= {rules.skinny_staging_elements} on "

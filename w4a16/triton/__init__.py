@@ -51,6 +51,16 @@ def unavailable_reason(device: torch.device | str) -> str | None:
     return f"no Triton backend for device type {device.type!r}"
 
 
+def index_limit_reason(m: int, n: int, k: int, route: str) -> str | None:
+    """Why a call is too large for a route's 32-bit offsets (None if it fits). The fused kernels index x [M, K],
+    y [M, N] and W [N, K]; dequant_blas indexes only W (its matmul is torch's), so it takes any M."""
+    sizes = {"M*K": m * k, "M*N": m * n, "N*K": n * k} if route == "triton" else {"N*K": n * k}
+    for what, elements in sizes.items():
+        if elements > _INT32_MAX:
+            return f"{what}={elements} exceeds the kernel's 32-bit indexing (2^31 - 1)"
+    return None
+
+
 def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
               name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Checks shared by both routes; returns x2d with unit stride along K and a contiguous bias."""
@@ -63,9 +73,9 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         raise TypeError(f"{name}: scales dtype {qw.scales.dtype} must equal x's dtype {x2d.dtype} "
                         f"(convert once with qw.to(dtype={x2d.dtype}))")
     m, k = x2d.shape
-    for what, elements in (("M*K", m * k), ("M*N", m * qw.n), ("N*K", qw.n * k)):
-        if elements > _INT32_MAX:
-            raise ValueError(f"{name}: {what}={elements} exceeds the kernel's 32-bit indexing (2^31 - 1)")
+    too_large = index_limit_reason(m, qw.n, k, "dequant_blas" if name == "dequant_blas_gemm" else "triton")
+    if too_large is not None:
+        raise ValueError(f"{name}: {too_large}")
     reason = unavailable_reason(x2d.device)
     if reason is not None:
         raise RuntimeError(f"{name}: {reason}")
@@ -105,12 +115,4 @@ def dequant_blas_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor
     return launch_dequant_blas(x2d, qw, bias)
 
 
-def dequant_blas_min_m(device: torch.device | str, n: int | None = None, k: int | None = None) -> int | None:
-    """From this M on, dequant_blas_gemm measured faster than triton_gemm on this arch (None: never); with (n, k),
-    for that weight shape (the table's per-shape entry where it has one)."""
-    from .configs import dequant_blas_min_m as _min_m
-
-    return _min_m(table_arch(torch.device(device)), n, k)
-
-
-__all__ = ["dequant_blas_gemm", "dequant_blas_min_m", "triton_gemm", "unavailable_reason"]
+__all__ = ["dequant_blas_gemm", "index_limit_reason", "triton_gemm", "unavailable_reason"]

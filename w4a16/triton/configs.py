@@ -212,11 +212,10 @@ def select_config(arch: str, m: int, n: int, k: int, group_size: int) -> TileCon
     return config.for_group(group_size)
 
 
-def dequant_blas_min_m(arch: str, n: int | None = None, k: int | None = None) -> int | None:
-    """The smallest M from which dequantize + vendor GEMM beats the fused kernel on `arch` (None: never): for an
-    [n, k] weight the table's entry for that shape where it has one, else the arch's."""
-    table = load_table(arch)
-    return table.dequant_blas_overrides.get((n, k), table.dequant_blas_min_m)
+def dequant_blas_min_m(arch: str) -> int | None:
+    """The smallest M from which dequantize + vendor GEMM beats the table's kernels on `arch` (None: never), for a
+    weight shape without an entry of its own (dequant_blas_overrides; w4a16.dispatch applies the two)."""
+    return load_table(arch).dequant_blas_min_m
 
 
 def dequant_blas_overrides(arch: str) -> dict[tuple[int, int], int | None]:
