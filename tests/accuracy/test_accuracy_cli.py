@@ -121,7 +121,7 @@ def test_accuracy_command_exits_nonzero_when_a_gate_fails(model_dir, tmp_path):
 
 def test_accuracy_command_runs_the_float64_control_when_asked(model_dir, tmp_path):
     gates = _gates(tmp_path / "gates.toml", model_dir, tolerance=1.0)
-    proc = _run(tmp_path, "--gates", str(gates), "--out", str(tmp_path), "--backends", "reference,control,kernel",
+    proc = _run(tmp_path, "--gates", str(gates), "--out", str(tmp_path), "--backends", "fp,reference,control,kernel",
                 "--tasks", "w4a16_arith", "--limit", "2", "--device", "cpu")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "g32-sym control w4a16_arith" in proc.stdout  # the variant ran, on backend reference_fp64

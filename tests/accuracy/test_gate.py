@@ -14,27 +14,32 @@ def score(value, stderr=0.05, greedy=None):
 
 
 def test_passes_when_kernel_matches_reference_and_drop_is_within_tolerance():
-    v = judge("t", "acc,none", {"fp": score(0.60), "reference": score(0.55), "kernel": score(0.55)}, RULES, 0.08)
+    v = judge("t", "acc,none", {"fp": score(0.60),
+        "reference": score(0.55), "kernel": score(0.55)}, RULES, 0.08)
     assert v.passed, v.failures
     assert v.identical == 1.0
 
 
 def test_fails_when_kernel_and_reference_differ_by_more_than_one_stderr():
-    v = judge("t", "acc,none", {"fp": score(0.60), "reference": score(0.55), "kernel": score(0.49)}, RULES, 0.5)
+    v = judge("t", "acc,none", {"fp": score(0.60),
+        "reference": score(0.55), "kernel": score(0.49)}, RULES, 0.5)
     assert not v.passed
     assert any("kernel 0.4900 vs reference 0.5500" in f for f in v.failures), v.failures
 
 
 def test_kernel_within_one_stderr_passes():
-    v = judge("t", "acc,none", {"reference": score(0.55, 0.05), "kernel": score(0.51, 0.05)}, RULES, 0.1)
+    v = judge("t", "acc,none", {"fp": score(0.55),
+        "reference": score(0.55, 0.05), "kernel": score(0.51, 0.05)}, RULES, 0.1)
     assert v.passed, v.failures
 
 
 def test_stderr_zero_still_allows_one_sample():
     # A perfect reference has stderr 0; one sample's worth (1/n) is the floor of the allowed difference.
-    v = judge("t", "acc,none", {"reference": score(1.0, 0.0), "kernel": score(1.0 - 1 / N, 0.0)}, RULES, 0.1)
+    v = judge("t", "acc,none", {"fp": score(1.0),
+        "reference": score(1.0, 0.0), "kernel": score(1.0 - 1 / N, 0.0)}, RULES, 0.1)
     assert v.passed, v.failures
-    v = judge("t", "acc,none", {"reference": score(1.0, 0.0), "kernel": score(1.0 - 2 / N, 0.0)}, RULES, 0.1)
+    v = judge("t", "acc,none", {"fp": score(1.0),
+        "reference": score(1.0, 0.0), "kernel": score(1.0 - 2 / N, 0.0)}, RULES, 0.1)
     assert not v.passed
 
 
@@ -42,22 +47,26 @@ def test_fails_when_greedy_outputs_differ_on_more_than_five_percent():
     greedy = list(range(N))
     for i in range(6):  # 94% identical
         greedy[i] = -1
-    v = judge("t", "acc,none", {"reference": score(0.5), "kernel": score(0.5, greedy=greedy)}, RULES, 0.1)
+    v = judge("t", "acc,none", {"fp": score(0.5),
+        "reference": score(0.5), "kernel": score(0.5, greedy=greedy)}, RULES, 0.1)
     assert not v.passed
     assert v.identical == pytest.approx(0.94)
     assert any("identical on 94.0%" in f for f in v.failures), v.failures
     greedy[5] = 5  # 95% identical: passes
-    assert judge("t", "acc,none", {"reference": score(0.5), "kernel": score(0.5, greedy=greedy)}, RULES, 0.1).passed
+    assert judge("t", "acc,none", {"fp": score(0.5),
+        "reference": score(0.5), "kernel": score(0.5, greedy=greedy)}, RULES, 0.1).passed
 
 
 def test_fails_on_a_drop_past_tolerance_for_both_quantized_columns():
-    v = judge("t", "acc,none", {"fp": score(0.70), "reference": score(0.55), "kernel": score(0.55)}, RULES, 0.10)
+    v = judge("t", "acc,none", {"fp": score(0.70),
+        "reference": score(0.55), "kernel": score(0.55)}, RULES, 0.10)
     assert not v.passed
     assert sum("dropped 0.1500 below fp" in f for f in v.failures) == 2, v.failures
 
 
 def test_a_gain_over_fp_passes():
-    v = judge("t", "acc,none", {"fp": score(0.40), "reference": score(0.60), "kernel": score(0.60)}, RULES, 0.0)
+    v = judge("t", "acc,none", {"fp": score(0.40),
+        "reference": score(0.60), "kernel": score(0.60)}, RULES, 0.0)
     assert v.passed, v.failures
 
 
@@ -79,7 +88,8 @@ def test_unknown_variant_is_an_error():
 
 def test_table_lists_every_column_and_verdict():
     ok = judge("a", "acc,none", {"fp": score(0.6), "reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1)
-    bad = judge("b", "acc,none", {"fp": score(0.9), "reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1)
+    bad = judge("b", "acc,none", {"fp": score(0.9),
+        "reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1)
     table = format_table([("m", "g64-sym", ok), ("m", "g64-sym", bad)])
     header = table.splitlines()[0].split()
     assert header[:8] == ["model", "quant", "task", "metric", "fp", "reference", "kernel", "stderr"]
@@ -95,7 +105,7 @@ def test_below_the_threshold_a_control_that_diverges_as_often_passes_the_kernel(
     # bf16: a correct kernel and the float64 control each leave the reference on ~15% of the generations, mostly
     # different ones (measured on CPU: README, "Accuracy gate").
     kernel, control = _leaving(range(0, 15)), _leaving(range(8, 22))
-    v = judge("t", "m", {"reference": score(0.5), "control": score(0.5, greedy=control),
+    v = judge("t", "m", {"fp": score(0.5), "reference": score(0.5), "control": score(0.5, greedy=control),
                          "kernel": score(0.5, greedy=kernel)}, RULES, 0.1)
     assert v.passed, v.failures
     assert v.identical == pytest.approx(0.85) and v.control_identical == pytest.approx(0.86)
@@ -104,7 +114,7 @@ def test_below_the_threshold_a_control_that_diverges_as_often_passes_the_kernel(
 
 def test_a_kernel_that_diverges_far_more_often_than_the_control_fails():
     kernel, control = _leaving(range(0, 30)), _leaving(range(0, 5))
-    v = judge("t", "m", {"reference": score(0.5), "control": score(0.5, greedy=control),
+    v = judge("t", "m", {"fp": score(0.5), "reference": score(0.5), "control": score(0.5, greedy=control),
                          "kernel": score(0.5, greedy=kernel)}, RULES, 0.1)
     assert not v.passed
     assert any("left the reference's on 25 samples the control kept, the control on 0" in f for f in v.failures)
@@ -112,12 +122,14 @@ def test_a_kernel_that_diverges_far_more_often_than_the_control_fails():
 
 def test_a_control_over_other_samples_is_a_failure_not_a_crash():
     short = Score(0.5, 0.05, N - 1, tuple(range(N - 1)))
-    v = judge("t", "m", {"reference": score(0.5), "control": short, "kernel": score(0.5)}, RULES, 0.1)
+    v = judge("t", "m", {"fp": score(0.5),
+        "reference": score(0.5), "control": short, "kernel": score(0.5)}, RULES, 0.1)
     assert not v.passed and v.failures == [f"control scored {N - 1} samples, reference {N}"]
 
 
 def test_without_a_control_below_the_threshold_still_fails():
-    v = judge("t", "m", {"reference": score(0.5), "kernel": score(0.5, greedy=_leaving(range(10)))}, RULES, 0.1)
+    v = judge("t", "m", {"fp": score(0.5),
+        "reference": score(0.5), "kernel": score(0.5, greedy=_leaving(range(10)))}, RULES, 0.1)
     assert not v.passed and any("no control run" in f for f in v.failures), v.failures
 
 
@@ -130,3 +142,15 @@ def test_greedy_divergence_p_is_the_one_sided_sign_test():
     assert greedy_divergence_p(reference, [-1] * 6, reference)[2] == pytest.approx(1 / 64)
     with pytest.raises(ValueError, match="different samples"):
         greedy_divergence_p(reference, kernel, control[:5])
+
+
+def test_a_rule_that_cannot_be_applied_fails():
+    """A run of some columns only is a measurement, not a pass: rule 1 needs reference and kernel, rule 2 an fp
+    score or a stored expected one."""
+    only_fp = judge("t", "m", {"fp": score(0.6)}, RULES, 0.1)
+    assert only_fp.failures == ["not gated: no reference and no kernel column (rule 1 compares the two)"]
+    no_kernel = judge("t", "m", {"fp": score(0.6), "reference": score(0.6)}, RULES, 0.1)
+    assert no_kernel.failures == ["not gated: no kernel column (rule 1 compares the two)"]
+    no_fp = judge("t", "m", {"reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1)
+    assert no_fp.failures == ["not gated against the fp model: no fp score and no stored expected score"]
+    assert judge("t", "m", {"reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1, expected=0.6).passed

@@ -194,6 +194,15 @@ def run(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or (4 if device.type == "cuda" else 32)
     if backends is None:  # the control calibrates kernel vs reference: nothing to calibrate where they are one
         backends = [b for b in ALL_BACKENDS if device.type == "cuda" or b != "control"]
+    if device.type == "cuda" and "kernel" in backends:
+        # "auto" falls back to slower routes where a kernel cannot run: the kernel column would then gate nothing.
+        from w4a16.dispatch import unavailable_reason
+
+        missing = {b: reason for b in ("skinny", "triton") if (reason := unavailable_reason(b, device, dtype))}
+        if missing:
+            print("error: the kernel column would not run the kernels on this GPU: "
+                  + "; ".join(f"{b}: {reason}" for b, reason in missing.items()), file=sys.stderr)
+            return 2
     machine = _machine(device, dtype)
     out = args.out or REPO_ROOT / "baselines" / arch(device) / "accuracy"
     kernel_note = (f'"kernel" = backend "auto": {machine["kernel_rule"]}'

@@ -9,6 +9,8 @@ Rules (stated with their numbers in regression/gates.toml):
      (`greedy_divergence_p`): in bf16 two correct computations already disagree on many generations.
   2. quantized vs fp: fp - quantized <= tolerance (drops only), for the reference and the kernel columns.
      Without an fp score, the stored `expected` score stands in for it.
+A rule that cannot be applied fails the task too: without the reference or the kernel column there is no rule 1,
+and without an fp score or an `expected` one no rule 2. A run of some columns only is a measurement, not a pass.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def judge(
     verdict = Verdict(task, metric, {v: scores.get(v) for v in VARIANTS})
     fp, ref, control, ker = (verdict.scores[v] for v in VARIANTS)
 
+    missing = [v for v, score in (("reference", ref), ("kernel", ker)) if score is None]
+    if missing:
+        verdict.failures.append(f"not gated: no {' and no '.join(missing)} column (rule 1 compares the two)")
     if ref is not None and ker is not None:
         if ref.n != ker.n:
             verdict.failures.append(f"kernel scored {ker.n} samples, reference {ref.n}")
@@ -127,8 +132,8 @@ def judge(
                     f"{variant} {score.value:.4f} dropped {baseline - score.value:.4f} below {name} "
                     f"{baseline:.4f} (tolerance {tolerance:g})"
                 )
-    elif ref is None and ker is None:
-        verdict.failures.append("nothing to gate: no quantized variant was run")
+    else:
+        verdict.failures.append("not gated against the fp model: no fp score and no stored expected score")
     return verdict
 
 
