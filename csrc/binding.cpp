@@ -84,9 +84,12 @@ std::vector<int64_t> check_args(const at::Tensor& x, const at::Tensor& qweight, 
                     qweight.sizes()));
   TORCH_CHECK_VALUE(qweight.is_contiguous(), cat("qweight must be contiguous, got strides ", qweight.strides()));
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
-  TORCH_CHECK_VALUE(qweight.size(1) * 8 == k, cat("qweight must have K // 8 = ", k / 8, " columns for x with K=", k,
+  // M's upper bound depends on the device (its table row), so the CUDA implementation checks that; M >= 1 holds
+  // everywhere, and the meta implementation must refuse what the real one refuses.
+  TORCH_CHECK_VALUE(m >= 1, cat("x must have at least one row, got shape ", x.sizes()));
+  TORCH_CHECK_VALUE(k > 0 && k % 16 == 0, cat("K=", k, " (x's last dim) must be a positive multiple of 16"));
+  TORCH_CHECK_VALUE(qweight.size(1) * 8 == k, cat("qweight must be [N, K // 8] = [", n, ", ", k / 8, "] for x with K=", k,
                     ", got shape ", qweight.sizes()));
-  TORCH_CHECK_VALUE(k > 0 && k % 16 == 0, cat("K=", k, " must be a positive multiple of 16"));
   TORCH_CHECK_VALUE(group_size == 32 || group_size == 64 || group_size == 128, cat("group_size must be one of (32, 64, 128), got ", group_size));
   TORCH_CHECK_VALUE(k % group_size == 0, cat("K=", k, " must be a multiple of group_size=", group_size));
   const int64_t groups = k / group_size;

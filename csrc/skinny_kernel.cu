@@ -39,10 +39,18 @@ W4A16_ARCH_TABLE(W4A16_ROWS_ROW)
 
 namespace {
 
-int multiprocessor_count() {
-  static int cached[64] = {0};
+// What the launcher remembers is per device (a process may drive several GPUs): caches are indexed by this.
+constexpr int kMaxDevices = 64;
+// The current device, or -1 where it cannot be told or indexed (then nothing is cached).
+int current_device() {
   int device = 0;
-  if (w4a16GetDevice(&device) != w4a16Success || device < 0 || device >= 64) return 1;
+  return w4a16GetDevice(&device) == w4a16Success && device >= 0 && device < kMaxDevices ? device : -1;
+}
+
+int multiprocessor_count() {
+  static int cached[kMaxDevices] = {0};
+  const int device = current_device();
+  if (device < 0) return 1;
   if (!cached[device]) {
     int count = 0;
     w4a16DeviceGetAttribute(&count, w4a16AttrMultiProcessorCount, device);
@@ -83,9 +91,10 @@ struct ClusterLaunch {
 // shared memory (its registers fill the SM), so the answer depends on the device and the size only. 0 before
 // sm_90, which has no clusters.
 int max_active_clusters(const void* kernel, int size, int threads, int shared_bytes) {
-  static int cached[64][5] = {};
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64 || size > 4) return 0;
+  static int cached[kMaxDevices][5] = {};
+  const int device = current_device();
+  int major = 0;
+  if (device < 0 || size > 4) return 0;
   if (!cached[device][size]) {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     const ClusterLaunch launch(size, size, threads, shared_bytes, nullptr);
@@ -156,18 +165,19 @@ LaunchShape launch_shape(const SkinnyArgs& a, const void* kernel) {
 #endif
 }
 
-// Opts `kernel` in to `bytes` of dynamic shared memory (beyond the default 48 KB) once per size increase; the
-// binding has already checked M * K against the device's staging budget, whose bytes the hardware can hold
-// (portability.h).
+// Opts `kernel` in to `bytes` of dynamic shared memory (beyond the default 48 KB) once per size increase and
+// device (the attribute is set on the current device only; opted_in holds the bytes per device). The binding has
+// already checked M * K against the device's staging budget, whose bytes the hardware can hold (portability.h).
 template <typename Kernel>
-bool allow_shared_bytes(Kernel kernel, int bytes, int& opted_in, const char** error) {
-  if (bytes <= opted_in) return true;
+bool allow_shared_bytes(Kernel kernel, int bytes, int (&opted_in)[kMaxDevices], const char** error) {
+  const int device = current_device();
+  if (device >= 0 && bytes <= opted_in[device]) return true;
   if (w4a16FuncSetAttribute(reinterpret_cast<const void*>(kernel), w4a16FuncAttrMaxDynamicShared, bytes) !=
       w4a16Success) {
     *error = w4a16GetErrorString(w4a16GetLastError());
     return false;
   }
-  opted_in = bytes;
+  if (device >= 0) opted_in[device] = bytes;
   return true;
 }
 
@@ -196,7 +206,7 @@ SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** er
 #if defined(W4A16_CUDA)
   auto single = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
   auto clustered = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, true>;
-  static int single_opted_in = 0, clustered_opted_in = 0;
+  static int single_opted_in[kMaxDevices] = {}, clustered_opted_in[kMaxDevices] = {};
   if (!allow_shared_bytes(single, shared_bytes, single_opted_in, error) ||
       !allow_shared_bytes(clustered, shared_bytes, clustered_opted_in, error))
     return SkinnyStatus::launch_failed;
@@ -206,7 +216,7 @@ SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** er
                            : launch_kernel(single, shape, a, stream, error);
 #else
   auto kernel = skinny_gemm_kernel<Tag, G, kSymmetric, M>;
-  static int opted_in = 0;
+  static int opted_in[kMaxDevices] = {};
   if (!allow_shared_bytes(kernel, shared_bytes, opted_in, error)) return SkinnyStatus::launch_failed;
   const LaunchShape shape = launch_shape<M>(a, nullptr);
   if (shape.blocks == 0) return SkinnyStatus::no_clusters;
@@ -257,17 +267,24 @@ SkinnyStatus skinny_launch(const SkinnyArgs& args, void* stream, const char** er
   return args.bf16 ? by_group<Bf16Tag>(args, s, error) : by_group<Fp16Tag>(args, s, error);
 }
 
+// The probe runs on the caller's stream (torch's current one, which need not synchronise with the legacy
+// stream), so the copy back goes on that stream too, and the launch itself is checked.
 bool skinny_device_limits(void* stream, int out[2]) {
+  const gpuStream_t s = static_cast<gpuStream_t>(stream);
   int* device_out = nullptr;
 #if defined(W4A16_HIP)
   if (hipMalloc(&device_out, 2 * sizeof(int)) != hipSuccess) return false;
-  skinny_limits_probe<<<1, 1, 0, static_cast<gpuStream_t>(stream)>>>(device_out);
-  const bool ok = hipMemcpy(out, device_out, 2 * sizeof(int), hipMemcpyDeviceToHost) == hipSuccess;
+  skinny_limits_probe<<<1, 1, 0, s>>>(device_out);
+  const bool ok = hipGetLastError() == hipSuccess &&
+                  hipMemcpyAsync(out, device_out, 2 * sizeof(int), hipMemcpyDeviceToHost, s) == hipSuccess &&
+                  hipStreamSynchronize(s) == hipSuccess;
   hipFree(device_out);
 #else
   if (cudaMalloc(&device_out, 2 * sizeof(int)) != cudaSuccess) return false;
-  skinny_limits_probe<<<1, 1, 0, static_cast<gpuStream_t>(stream)>>>(device_out);
-  const bool ok = cudaMemcpy(out, device_out, 2 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+  skinny_limits_probe<<<1, 1, 0, s>>>(device_out);
+  const bool ok = cudaGetLastError() == cudaSuccess &&
+                  cudaMemcpyAsync(out, device_out, 2 * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+                  cudaStreamSynchronize(s) == cudaSuccess;
   cudaFree(device_out);
 #endif
   return ok;

@@ -4,13 +4,15 @@
     python -m w4a16 asm --backend skinny --arch gfx1201
 
 The triton backend compiles the fused GEMM with the config its tile table picks for (M, N, K, G) on that arch; the
-skinny backend compiles the C++ decode kernel's device code. No GPU is needed for either.
+skinny backend compiles the C++ decode kernel's device code, every instantiation at once (so --m, --n, --k,
+--dtype, --group and --asymmetric are the triton backend's). No GPU is needed for either.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 ARCHS = ("gfx1151", "gfx1201", "sm_90")
@@ -22,12 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--m", type=int, default=256, help="rows of x (selects the M bucket; triton only)")
     parser.add_argument("--n", type=int, default=4096, help="output features (triton only)")
     parser.add_argument("--k", type=int, default=4096, help="input features (triton only)")
-    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
-    parser.add_argument("--group", type=int, choices=(32, 64, 128), default=128, help="group size G")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="triton only")
+    parser.add_argument("--group", type=int, choices=(32, 64, 128), default=128, help="group size G (triton only)")
     sym = parser.add_mutually_exclusive_group()
     sym.add_argument("--symmetric", dest="symmetric", action="store_true", default=True,
-                     help="uint4b8, z = 8 (default)")
-    sym.add_argument("--asymmetric", dest="symmetric", action="store_false", help="uint4 with zero points")
+                     help="uint4b8, z = 8 (default; triton only)")
+    sym.add_argument("--asymmetric", dest="symmetric", action="store_false",
+                     help="uint4 with zero points (triton only)")
     parser.add_argument("--out", type=Path, default=Path("asm-out"), help="directory for the assembly files")
 
 
@@ -54,12 +57,13 @@ def _run_triton(args: argparse.Namespace) -> int:
 
 
 def _run_skinny(args: argparse.Namespace) -> int:
+    from .skinny_build import ToolMissing, asm_summary
+
     try:
-        from .skinny_build import asm_summary
-    except ImportError as exc:
-        print(f"the skinny backend's compiler driver (w4a16.skinny_build.asm_summary) is not available: {exc}")
+        asm_path, summary = asm_summary(args.arch, args.out)
+    except ToolMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    asm_path, summary = asm_summary(args.arch, args.out)
     print(f"assembly {asm_path}")
     print(summary)
     return 0

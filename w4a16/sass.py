@@ -73,13 +73,13 @@ def _loops(instructions: list[Instruction]) -> list[list[Instruction]]:
     return loops
 
 
-def refill_waits(instructions: list[Instruction]) -> list[Instruction]:
+def refill_waits(instructions: list[Instruction]) -> list[Instruction] | None:
     """The instructions of a weight-ring loop that wait for loads the same pass has just issued.
 
     The loop is the one that issues the most 16-byte weight loads (the shortest such). A ring whose refills are
     consumed one pass later waits for them once per pass, at or before the pass's first unit: any wait on their
     scoreboard after the pass's first refill stalls the warp on loads that were meant to stay in flight. An empty
-    list is that schedule; a function without such a loop gives an empty list too.
+    list is that schedule. None: the function has no loop issuing weight loads (nothing was checked).
     """
     best: list[Instruction] = []
     best_loads = 0
@@ -88,7 +88,7 @@ def refill_waits(instructions: list[Instruction]) -> list[Instruction]:
         if loads > best_loads or (loads == best_loads and loads and len(body) < len(best)):
             best, best_loads = body, loads
     if not best_loads:
-        return []
+        return None
     first = next(n for n, i in enumerate(best) if _WEIGHT_LOAD.match(i.text))
     scoreboards = {i.write_scoreboard for i in best if _WEIGHT_LOAD.match(i.text)}
     if NO_SCOREBOARD in scoreboards:  # a global load always sets one: the control bits were misread

@@ -31,6 +31,10 @@ def arch_table() -> dict[str, tuple[int, int, int]]:
     """csrc/portability.h's W4A16_ARCH_TABLE: arch -> (max_rows, staging_elements, hw_shared_bytes)."""
     text = (skinny_build.CSRC / "portability.h").read_text()
     rows = {name: (int(r), int(e), int(b)) for name, r, e, b in _TABLE_ROW.findall(text)}
+    unread = [line.strip() for line in text.splitlines() if line.lstrip().startswith("ROW(") and not _TABLE_ROW.match(line)]
+    if unread:  # a row this parser skipped would silently fall back to the generic row
+        raise RuntimeError(f"csrc/portability.h: W4A16_ARCH_TABLE rows Python cannot read: {unread} (write each as "
+                           "ROW(name, rows, elements, bytes) with decimal literals)")
     if "generic" not in rows:
         raise RuntimeError("csrc/portability.h: W4A16_ARCH_TABLE has no 'generic' row")
     return rows

@@ -12,6 +12,7 @@ registers, spills/scratch and shared memory. `python -m w4a16.skinny_build` is w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -177,7 +178,9 @@ def asm_stats(arch: str, compiled: dict) -> dict:
             functions = sass.functions(text)
             # Counted over the instructions alone: the listing is mostly hex words, and 10x faster to skip.
             stats["instructions"] = _count(_SASS_PATTERNS, "\n".join(i.text for f in functions.values() for i in f))
-            stats["refill_waits"] = {kernel_label(name): len(sass.refill_waits(instructions))
+            # None for an instantiation without a weight-ring loop (nothing to check there: a failure of the check)
+            stats["refill_waits"] = {kernel_label(name): None if (waits := sass.refill_waits(instructions)) is None
+                                     else len(waits)
                                      for name, instructions in functions.items() if "skinny_gemm_kernel" in name}
         else:
             stats["instructions"] = _count(_PTX_PATTERNS, text)
@@ -228,9 +231,11 @@ def format_summary(stats: dict) -> str:
     lines.append(f"  staging budget compiled into the device code: {stats['probe_staging_elements']} elements")
     if "refill_waits" in stats:
         waiting = sorted(label for label, n in stats["refill_waits"].items() if n)
-        lines.append(f"  weight-ring loop waits once per pass in {len(stats['refill_waits']) - len(waiting)} of "
-                     f"{len(stats['refill_waits'])} instantiations"
-                     + (f"; waits on its own refills in: {', '.join(waiting)}" if waiting else ""))
+        no_loop = sorted(label for label, n in stats["refill_waits"].items() if n is None)
+        clean = len(stats["refill_waits"]) - len(waiting) - len(no_loop)
+        lines.append(f"  weight-ring loop waits once per pass in {clean} of {len(stats['refill_waits'])} instantiations"
+                     + (f"; waits on its own refills in: {', '.join(waiting)}" if waiting else "")
+                     + (f"; no weight-ring loop found in: {', '.join(no_loop)}" if no_loop else ""))
     for label, count in stats["instructions"].items():
         lines.append(f"  {count:8d}  {label}")
     return "\n".join(lines)
@@ -245,10 +250,34 @@ def asm_summary(arch: str, out_dir: str | os.PathLike) -> tuple[Path, str]:
 # ---------------------------------------------------------------------------------------------------------------
 # The torch extension
 # ---------------------------------------------------------------------------------------------------------------
-def _sources_digest() -> str:
+EXTENSION_CFLAGS = ["-O3"]
+
+
+def _device_flags(archs: list[str], rocm: bool) -> list[str]:
+    """The device compiler's flags (the C++ standard is left to cpp_extension: it matches this torch's headers)."""
+    return ["-O3", *arch_flags(archs, rocm)]
+
+
+@functools.cache
+def _device_compiler_version(rocm: bool) -> str:
+    """The version banner of the compiler cpp_extension runs (nvcc, or hipcc on ROCm)."""
+    from torch.utils import cpp_extension
+
+    tool = Path(cpp_extension.ROCM_HOME if rocm else cpp_extension.CUDA_HOME or "", "bin", "hipcc" if rocm else "nvcc")
+    try:
+        return subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{tool}: {type(exc).__name__}"
+
+
+def _build_digest(archs: list[str], rocm: bool) -> str:
+    """What decides the built library besides torch and the archs: the sources (not the notes beside them), the
+    flags and the device compiler. A library built from anything else is never loaded for this one."""
     digest = hashlib.sha256()
     for path in sorted(CSRC.glob("*")):
-        digest.update(path.name.encode() + path.read_bytes())
+        if path.suffix != ".md":
+            digest.update(path.name.encode() + path.read_bytes())
+    digest.update(repr((EXTENSION_CFLAGS, _device_flags(archs, rocm), _device_compiler_version(rocm))).encode())
     return digest.hexdigest()[:12]
 
 
@@ -264,11 +293,13 @@ def device_archs() -> list[str]:
 
 
 def build_directory(archs: list[str], create: bool = True) -> Path:
-    """Cached per torch version, GPU architectures and source contents; W4A16_BUILD_DIR overrides the root."""
+    """Cached per torch version, GPU architectures, sources, flags and device compiler (_build_digest);
+    W4A16_BUILD_DIR overrides the root."""
     import torch
 
     root = Path(os.environ.get("W4A16_BUILD_DIR", Path.home() / ".cache" / "w4a16" / "skinny"))
-    tag = f"torch{torch.__version__}-{'-'.join(archs)}-{_sources_digest()}".replace("+", "_")
+    rocm = bool(getattr(torch.version, "hip", None))
+    tag = f"torch{torch.__version__}-{'-'.join(archs)}-{_build_digest(archs, rocm)}".replace("+", "_")
     path = root / tag
     if create:
         path.mkdir(parents=True, exist_ok=True)
@@ -303,15 +334,13 @@ def build(verbose: bool = False) -> Path:
         )
     rocm = bool(getattr(torch.version, "hip", None))
     directory = build_directory(archs)
-    # The C++ standard is left to cpp_extension: it matches what this torch's headers need.
-    cuda_flags = ["-O3", *arch_flags(archs, rocm)]
-    if not rocm:
-        cuda_flags += ["-Xptxas=-v"] if verbose else []
+    # -Xptxas=-v only prints register counts; the code is the same, so it is not part of the digest.
+    verbose_flags = ["-Xptxas=-v"] if verbose and not rocm else []
     cpp_extension.load(
         name=EXTENSION_NAME,
         sources=[str(CSRC / s) for s in EXTENSION_SOURCES],
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=cuda_flags,
+        extra_cflags=EXTENSION_CFLAGS,
+        extra_cuda_cflags=_device_flags(archs, rocm) + verbose_flags,
         extra_include_paths=[str(CSRC)],
         build_directory=str(directory),
         is_python_module=False,

@@ -103,6 +103,7 @@ def test_prepared_variant_applies_and_builds(patch, tmp_path):
     cuobjdump = skinny_build.cuobjdump_path()
     require_tool(cuobjdump is not None, "cuobjdump (CUDA or Triton's copy) disassembles the harness")
     listing = subprocess.run([cuobjdump, "-sass", str(binary)], capture_output=True, text=True, check=True).stdout
-    kernels = {skinny_build.kernel_label(name): len(sass.refill_waits(instructions))
+    kernels = {skinny_build.kernel_label(name): sass.refill_waits(instructions)
                for name, instructions in sass.functions(listing).items() if "skinny_gemm_kernel" in name}
-    assert kernels and not [label for label, waits in kernels.items() if waits], kernels
+    # None: no weight-ring loop found (nothing checked); a non-empty list: waits on the pass's own refills
+    assert kernels and not [label for label, waits in kernels.items() if waits is None or waits], kernels

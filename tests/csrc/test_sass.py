@@ -76,8 +76,8 @@ def test_a_wait_on_another_scoreboard_is_not_a_refill_wait():
     assert sass.refill_waits(sass.functions(listing({"k": body}))["k"]) == []
 
 
-def test_no_loop_no_waits():
-    assert sass.refill_waits(sass.functions(listing({"k": [(LOAD, control(write=5)), ("EXIT", control())]}))["k"]) == []
+def test_no_loop_is_not_a_clean_loop():
+    assert sass.refill_waits(sass.functions(listing({"k": [(LOAD, control(write=5)), ("EXIT", control())]}))["k"]) is None
 
 
 def test_a_load_without_scoreboard_is_a_misread():

@@ -111,9 +111,10 @@ def test_other_model_shapes(shape, fmt, dtype, m, generator):
     assert_matches_reference(run(x, qw), x, qw)
 
 
-# Odd N (wave/row-tile remainders, fewer rows than waves) and K (chunk remainders per lane, single chunk).
-ODD = [(n, k, g) for n, k, g in itertools.product((1, 3, 7, 33, 257, 1000, 4099), (32, 96, 160, 640, 1056, 4128),
-                                                  GROUPS) if k % g == 0]
+# Odd N (wave/row-tile remainders, fewer rows than waves) and K (chunk remainders per lane, single chunk; with
+# G = 32 and 64, K-steps of 128 that end inside K: 96, 160, 192, 1056, 4128, 4160).
+ODD_K = (32, 96, 160, 192, 640, 1056, 4128, 4160)
+ODD = [(n, k, g) for n, k, g in itertools.product((1, 3, 7, 33, 257, 1000, 4099), ODD_K, GROUPS) if k % g == 0]
 
 
 @pytest.mark.parametrize("n,k,group_size", ODD, ids=str)
@@ -179,10 +180,11 @@ def test_staging_limit_exactly_and_one_past(generator):
         qw = gpu_weight(64, k, 32, "uint4", torch.bfloat16, gen)
         x = x_for(m, k, torch.bfloat16, gen)
         assert_matches_reference(run(x, qw), x, qw)
-        if k * m == elements:
-            over = gpu_weight(64, k + 32, 32, "uint4", torch.bfloat16, gen)
-            with pytest.raises(ValueError, match=f"exceed the staging budget of {elements}"):
-                skinny.skinny_gemm(x_for(m, k + 32, torch.bfloat16, gen), over)
+        # k is the largest multiple of 32 within the budget, so one chunk more is past it
+        assert m * (k + 32) > elements
+        over = gpu_weight(64, k + 32, 32, "uint4", torch.bfloat16, gen)
+        with pytest.raises(ValueError, match=f"exceed the staging budget of {elements}"):
+            skinny.skinny_gemm(x_for(m, k + 32, torch.bfloat16, gen), over)
 
 
 def test_limits_agree_host_device_python():
@@ -210,9 +212,10 @@ def test_host_checks(generator):
         (ValueError, "x must be 2-D", dict(x=x[None])),
         (ValueError, "x must be contiguous", dict(x=torch.randn(512, 2, device="cuda").half().t())),
         (TypeError, "qweight must be int32", dict(qweight=qw.qweight.to(torch.int64))),
-        (ValueError, "qweight must have K // 8 = 32 columns", dict(qweight=qw.qweight[:, :16].contiguous())),
-        (ValueError, "K=40 must be a positive multiple of 16", dict(x=x_for(2, 40, torch.float16, gen),
-                                                                   qweight=qw.qweight[:, :5].contiguous())),
+        (ValueError, r"qweight must be \[N, K // 8\] = \[64, 32\] for x with K=256",
+         dict(qweight=qw.qweight[:, :16].contiguous())),
+        (ValueError, r"K=40 \(x's last dim\) must be a positive multiple of 16",
+         dict(x=x_for(2, 40, torch.float16, gen), qweight=qw.qweight[:, :5].contiguous())),
         (ValueError, "group_size must be one of", dict(group_size=16)),
         (ValueError, r"cluster_blocks must be 0 \(chosen from the shape\), 1, 2 or 4, got 3", dict(cluster_blocks=3)),
         (ValueError, "K=192 must be a multiple of group_size=128",
@@ -226,7 +229,7 @@ def test_host_checks(generator):
         (TypeError, "bias must have the activation dtype", dict(bias=torch.zeros(64, device="cuda"))),
         (ValueError, f"takes 1..{max_rows} activation rows .* got M={max_rows + 1}",
          dict(x=x_for(max_rows + 1, 256, torch.float16, gen))),
-        (ValueError, "got M=0", dict(x=x[:0])),
+        (ValueError, r"x must have at least one row, got shape \[0, 256\]", dict(x=x[:0])),
         (ValueError, "16-byte boundary", dict(x=torch.randn(2 * 256 + 1, device="cuda").half()[1:].view(2, 256))),
         (NotImplementedError, "CPU", dict(x=x.cpu(), qweight=qw.qweight.cpu(), scales=qw.scales.cpu(),
                                           zeros=qw.zeros.cpu())),

@@ -6,23 +6,35 @@ import pytest
 import torch
 from w4a16_testing import random_activation, random_weight
 
-from w4a16 import skinny
+from w4a16 import skinny, skinny_build
 
 
 def test_limits_from_the_header_table():
     table = skinny.arch_table()
     assert {"sm_90", "gfx1151", "gfx1201", "generic"} <= set(table)
-    for name, (rows, elements, hw_bytes) in table.items():
+    # That each row fits its hardware is the header's static_assert, and test_device_compile reads the bytes
+    # through C++ (limits_host_check.cpp); here, what the parser reads.
+    for rows, elements, _ in table.values():
         assert rows >= 1 and elements % 32 == 0
-        # staging_bytes() of portability.h, plus the tensor-core kernel's split-K partials where it may run:
-        # kSplitKWarps (12) x rows x kSplitKPartialStride (36) floats, and kClusterRoundSlots (4) x rows x 32
-        reserved = (12 * 36 + 4 * 32) * 4 * rows if name in ("sm_90", "generic") else 0
-        assert 2 * elements + elements // 32 * 4 + reserved <= hw_bytes
     assert skinny.limits("gfx1151:sramecc-:xnack-") == skinny.limits("gfx1151")
     assert skinny.limits("sm_90a") == skinny.limits("sm_90")
     assert skinny.limits("sm_120") == skinny.limits("generic")[:2]
     with pytest.raises(ValueError, match="unrecognised architecture"):
         skinny.limits("not-an-arch")
+
+
+def test_a_table_row_the_parser_cannot_read_is_an_error(tmp_path, monkeypatch):
+    header = (skinny_build.CSRC / "portability.h").read_text()
+    row = "  ROW(generic, 5, 17408, 49152)"
+    assert row in header
+    (tmp_path / "portability.h").write_text(header.replace(row, row + "     \\\n  ROW(sm_100, 8, 100928, 227 * 1024)"))
+    monkeypatch.setattr(skinny_build, "CSRC", tmp_path)
+    skinny.arch_table.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"rows Python cannot read: \['ROW\(sm_100, 8, 100928, 227 \* 1024\)"):
+            skinny.arch_table()
+    finally:
+        skinny.arch_table.cache_clear()
 
 
 def test_unavailable_reasons_are_clear():
