@@ -90,6 +90,23 @@ def test_quantize_model_names_a_layer_that_cannot_be_grouped():
     assert not any(isinstance(m, W4A16Linear) for m in model.modules()), "nothing replaced on error"
 
 
+def test_quantize_model_refuses_what_it_would_leave_unquantized_silently():
+    from transformers.pytorch_utils import Conv1D  # GPT-2's projections: a 2-D weight, not an nn.Linear
+
+    model = nn.Sequential(nn.Linear(64, 64), Conv1D(64, 64))
+    with pytest.raises(ValueError, match=r"^1: Conv1D has a 2-D weight but is not an nn.Linear"):
+        quantize_model(model, group_size=32)
+    assert isinstance(quantize_model(model, group_size=32, skip=("1",))[0], W4A16Linear)
+    with pytest.raises(ValueError, match=r"no nn.Linear layer to quantize \(skip=\('0', '1'\)\)"):
+        quantize_model(nn.Sequential(nn.Linear(64, 64), Conv1D(64, 64)), group_size=32, skip=("0", "1"))
+
+
+def test_quantize_model_quantizes_a_shared_layer_once_under_every_name():
+    shared = nn.Linear(64, 64)
+    model = quantize_model(nn.Sequential(shared, nn.ReLU(), shared), group_size=32)
+    assert isinstance(model[0], W4A16Linear) and model[2] is model[0]
+
+
 def test_set_backend_and_generate():
     model = quantize_model(tiny_model("qwen3", seed=5), group_size=32)
     assert set_backend(model, "reference") == 14

@@ -32,6 +32,19 @@ def test_all_zero_groups_dequantize_to_zero():
         assert torch.equal(w4a16.dequantize(w4a16.quantize(w, 128, symmetric)), w)
 
 
+def test_a_group_whose_scale_underflows_in_fp16_dequantizes_to_zero():
+    # max |w| / 7.5 (and the range / 15) rounds to 0 in fp16 (below half its smallest subnormal, 6e-8): the
+    # stored scale would be 0 and the zero point inf / NaN
+    w = torch.full((4, 128), 1.2e-7, dtype=torch.float16)
+    w[:, ::2] = -1.2e-7
+    for symmetric in (True, False):
+        qw = w4a16.quantize(w, 128, symmetric)
+        assert (qw.scales > 0).all()
+        q, z = w4a16.unpack_int4(qw.qweight), 8 if symmetric else qw.zeros.to(torch.int32)
+        assert torch.equal(q, torch.broadcast_to(torch.as_tensor(z), q.shape))
+        assert torch.equal(w4a16.dequantize(qw), torch.zeros_like(w))
+
+
 @pytest.mark.parametrize(
     "w, group_size, error, match",
     [

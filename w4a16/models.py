@@ -59,20 +59,36 @@ def quantize_model(
     """Replace the model's nn.Linear layers by W4A16Linear (round-to-nearest), in place; returns the model.
 
     Embeddings are not nn.Linear and stay as they are; `lm_head` is skipped by default (pass skip=() to
-    quantize it too). A layer whose in_features is not a multiple of group_size is an error naming the layer.
+    quantize it too). A layer reached under several names (a shared module) becomes one W4A16Linear under all of
+    them. Errors, each naming the layer: in_features not a multiple of group_size; a projection with a 2-D
+    weight that is not an nn.Linear (GPT-2's Conv1D, say), which this would otherwise leave unquantized without a
+    word (add it to skip to keep it as is); and no layer to quantize at all.
     """
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)
-    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and not _matches(name, skip)]
+    modules = list(model.named_modules(remove_duplicate=False))
+    unsupported = [name for name, m in modules if not isinstance(m, (nn.Linear, nn.Embedding, nn.EmbeddingBag))
+                   and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 2
+                   and not _matches(name, skip)]
+    if unsupported:
+        raise ValueError(f"{unsupported[0]}: {type(dict(modules)[unsupported[0]]).__name__} has a 2-D weight but is "
+                         f"not an nn.Linear, which is all quantize_model replaces; add it to skip to keep it as is "
+                         f"({len(unsupported)} such layer(s): {unsupported[:4]})")
+    targets = [(name, m) for name, m in modules if isinstance(m, nn.Linear) and not _matches(name, skip)]
+    if not targets:
+        raise ValueError(f"no nn.Linear layer to quantize (skip={skip})")
     for name, linear in targets:
         if linear.in_features % group_size:
             raise ValueError(
                 f"{name}: in_features={linear.in_features} is not a multiple of group_size={group_size}; "
                 f"add {name!r} to skip or choose another group size"
             )
+    quantized: dict[int, W4A16Linear] = {}  # by id of the nn.Linear: a shared layer is quantized once
     for name, linear in targets:
-        _set_submodule(model, name, W4A16Linear.from_linear(linear, group_size, symmetric, backend))
+        if id(linear) not in quantized:
+            quantized[id(linear)] = W4A16Linear.from_linear(linear, group_size, symmetric, backend)
+        _set_submodule(model, name, quantized[id(linear)])
     return model
 
 

@@ -35,8 +35,10 @@ def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> 
         lo = groups.amin(dim=-1).clamp(max=0)
         hi = groups.amax(dim=-1).clamp(min=0)
         scale = (hi - lo) / 15
-    # An all-zero group gets scale 1: any q dequantizes to 0 with q == z.
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(scale_dtype)
+    # A group whose scale is 0 in the stored dtype (all zeros, or so small that it underflows there) gets scale 1:
+    # its values round to q == z, which dequantizes to 0. Checked after the cast, so that no division by 0 follows.
+    scale = scale.to(scale_dtype)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     stored = scale.to(torch.float32).unsqueeze(-1)
     if symmetric:
         zero = torch.full_like(stored, SYMMETRIC_ZERO)
