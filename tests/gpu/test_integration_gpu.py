@@ -239,6 +239,28 @@ def test_cuda_graph_capture_of_the_op(calls):
     assert {b for b, _, _, _ in calls} == {"skinny"}, calls
 
 
+def test_a_captured_dequant_blas_call_survives_the_shared_workspace_growing():
+    """The shared workspace grows (and frees its old buffer) when a larger weight comes: a graph captured before
+    must not be writing to that old address (dequant_blas takes a buffer of the graph's pool while capturing)."""
+    from w4a16.triton import dequant_blas_gemm
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    small = random_weight(256, 512, 128, True, torch.bfloat16, "cuda", gen)
+    large = random_weight(2048, 4096, 128, True, torch.bfloat16, "cuda", gen)
+    static_x = random_activation(64, 512, torch.bfloat16, "cuda", gen)
+    dequant_blas_gemm(static_x, small)  # compiled, and the shared workspace sized for the small weight
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        static_y = dequant_blas_gemm(static_x, small)
+    dequant_blas_gemm(random_activation(8, 4096, torch.bfloat16, "cuda", gen), large)  # grows the shared one
+    junk = torch.full((2048 * 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")  # may take the old buffer
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches_reference(static_y, static_x, small)
+    assert torch.isnan(junk).all(), "the replay wrote into memory the graph does not own"
+
+
 def test_cuda_graph_capture_of_a_model_decode_step(calls):
     """Prefill into a static KV cache, capture one decode step of the whole model, replay it for greedy decoding.
 

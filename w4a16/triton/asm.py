@@ -23,9 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..layout import GROUP_SIZES
 from .configs import SHIPPED_ARCHS, TileConfig, load_table
 
-GROUP_SIZES = (32, 64, 128)
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
 _CONSTEXPRS = ("GROUP_SIZE", "HAS_ZEROS", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M",
                "W_LEFT", "PTX_DEQUANT")
@@ -239,17 +239,23 @@ def write_assembly(compiled, arch: str, out_dir: Path, stem: str) -> Path:
 
 
 def table_cases(archs=SHIPPED_ARCHS, dtypes=("fp16", "bf16")) -> list[dict]:
-    """Every distinct (arch, dtype, config) the shipped tables can select, BLOCK_K clamped per group size.
+    """Every distinct (arch, dtype, config, group size) the shipped tables can select, BLOCK_K clamped per G.
 
-    Each clamped config is compiled once, with the largest group size that selects it; fp16 cases compile the
-    symmetric kernel and bf16 cases the asymmetric one with bias, so both code paths are covered."""
+    A fused-kernel config is compiled once per clamped config, with the largest group size that selects it (G sets
+    only its BLOCK_K). A wgmma config is compiled at every G: its tile is fixed, but how a lane applies the scales
+    of G = 32 and 64 changes its code and registers. fp16 cases compile the symmetric kernel and bf16 cases the
+    asymmetric one with bias, so both code paths are covered."""
     cases = []
     for arch in archs:
-        seen: dict[TileConfig, int] = {}
+        fused: dict[TileConfig, int] = {}  # a clamped config -> the largest G that selects it
+        wgmma: dict[tuple[TileConfig, int], None] = {}
         for config in load_table(arch).all_configs():
-            for g in GROUP_SIZES:
-                seen[config.for_group(g)] = max(g, seen.get(config.for_group(g), 0))
-        for config, g in seen.items():
+            if config.kernel == "wgmma":
+                wgmma.update(dict.fromkeys((config, g) for g in GROUP_SIZES))
+            else:
+                for g in GROUP_SIZES:
+                    fused[config.for_group(g)] = max(g, fused.get(config.for_group(g), 0))
+        for config, g in [*fused.items(), *wgmma]:
             for dtype in dtypes:
                 cases.append({"arch": arch, "dtype": dtype, "config": config.to_json(), "group_size": g,
                               "symmetric": dtype == "fp16", "has_bias": dtype == "bf16"})

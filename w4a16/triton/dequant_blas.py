@@ -7,7 +7,9 @@ The dequantization kernel is bandwidth bound: it reads N*K/2 + metadata bytes an
 its cost is small next to the GEMM, which then runs at the vendor library's full speed. Peak extra memory: one
 workspace of max(N*K) elements in x's dtype per (device, dtype), kept between calls (e.g. 235 MB for Llama-3.1-8B's
 gate_up 28672 x 4096 in bf16); `release_workspaces()` frees it. The workspace is shared by all calls on a device, so
-calls on concurrent streams must not overlap.
+calls on concurrent streams must not overlap. A call captured into a CUDA graph takes an N*K buffer of the graph's
+own memory pool instead (freed with the graph, reused by the capture's later calls): the shared one may grow, and
+be freed, after the capture, while the graph would still write to its old address.
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ def dequantize_into(qw, out: torch.Tensor, tile_elements: int = TILE_ELEMENTS, n
 
 
 def workspace(device: torch.device, dtype: torch.dtype, n: int, k: int) -> torch.Tensor:
-    """The reused [N, K] workspace for (device, dtype), grown when a larger weight comes."""
+    """The reused [N, K] workspace for (device, dtype), grown when a larger weight comes; while a CUDA graph is
+    being captured, a buffer of the graph's pool (see the module docstring)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return torch.empty((n, k), dtype=dtype, device=device)
     key = (device, dtype)
     flat = _WORKSPACES.get(key)
     if flat is None or flat.numel() < n * k:
