@@ -244,7 +244,7 @@ def test_a_captured_dequant_blas_call_survives_the_shared_workspace_growing():
     must not be writing to that old address (dequant_blas takes a buffer of the graph's pool while capturing)."""
     from w4a16.triton import dequant_blas_gemm
 
-    gen = torch.Generator(device="cuda").manual_seed(11)
+    gen = torch.Generator().manual_seed(11)
     small = random_weight(256, 512, 128, True, torch.bfloat16, "cuda", gen)
     large = random_weight(2048, 4096, 128, True, torch.bfloat16, "cuda", gen)
     static_x = random_activation(64, 512, torch.bfloat16, "cuda", gen)
