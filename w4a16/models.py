@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from .formats import from_awq, from_compressed_tensors
-from .formats._common import check_trivial_g_idx
 from .layout import GROUP_SIZES
 from .linear import W4A16Linear
 
@@ -293,11 +292,10 @@ def _quantized_layer(name: str, linear: nn.Linear, tensors: _Tensors, scheme: Ch
             shape = [int(v) for v in tensors.get(f"{name}.weight_shape").tolist()]
             if shape != [n, k]:
                 raise ValueError(f"weight_shape {shape} does not match the model's layer [N, K] = [{n}, {k}]")
-            if f"{name}.weight_g_idx" in tensors:
-                check_trivial_g_idx(get("weight_g_idx"), k, scheme.group_size)
-            zero_point = get("weight_zero_point") if f"{name}.weight_zero_point" in tensors else None
-            qw = from_compressed_tensors(get("weight_packed"), get("weight_scale"), (n, k), zero_point,
-                                         scheme.group_size)
+            optional = {t: get(t) for t in ("weight_zero_point", "weight_g_idx") if f"{name}.{t}" in tensors}
+            qw = from_compressed_tensors(get("weight_packed"), get("weight_scale"), (n, k),
+                                         optional.get("weight_zero_point"), scheme.group_size,
+                                         optional.get("weight_g_idx"))
         else:
             qweight = tensors.get(f"{name}.qweight")
             if tuple(qweight.shape) != (k, n // 8):

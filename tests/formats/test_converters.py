@@ -22,11 +22,12 @@ def _pack_words(values: torch.Tensor, slot_element) -> torch.Tensor:
     return out
 
 
-def _case(seed, n_words, k_groups, group_size, symmetric):
+def _case(seed, n_words, k_groups, group_size, symmetric, min_zero=0):
+    """Random nibbles, zero points min_zero..15 (GPTQ stores z - 1, so it cannot hold 0) and scales."""
     g = torch.Generator().manual_seed(seed)
     n, k = 8 * n_words, group_size * k_groups
     q = torch.randint(0, 16, (n, k), generator=g)
-    zeros = None if symmetric else torch.randint(1, 16, (n, k // group_size), generator=g)
+    zeros = None if symmetric else torch.randint(min_zero, 16, (n, k // group_size), generator=g)
     scales = torch.rand(n, k // group_size, generator=g).half() + 0.01
     return q, zeros, scales
 
@@ -52,7 +53,7 @@ def test_awq_bits(seed, n_words, k_groups, group_size, symmetric):
 @settings(max_examples=200, deadline=None)
 @given(**cases)
 def test_gptq_bits(seed, n_words, k_groups, group_size, symmetric):
-    q, zeros, scales = _case(seed, n_words, k_groups, group_size, symmetric)
+    q, zeros, scales = _case(seed, n_words, k_groups, group_size, symmetric, min_zero=1)
     z = torch.full_like(scales, 8, dtype=torch.int64) if zeros is None else zeros
     qweight = _pack_words(q, list(range(8))).t().contiguous()  # [K // 8, N], packed along K
     qzeros = _pack_words((z - 1).t(), list(range(8)))  # [K // G, N // 8], stored as z - 1
@@ -125,6 +126,11 @@ def _awq_parts(k=128, n=16, g=64):
                                                  (16, 128)), ValueError, "cannot infer group_size"),
         (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
                                                  (16, 128), group_size=32), ValueError, "weight_scale must have shape"),
+        (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
+                                                 (16, 128), weight_g_idx=torch.arange(128).flip(0) // 64),
+         ValueError, "act-order"),
+        (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
+                                                 (16, 127)), ValueError, "K=127 must be a multiple of 8"),
         (lambda: formats.to_gptq(w4a16.QuantizedWeight(torch.zeros(8, 16, dtype=torch.int32), torch.ones(8, 1).half(),
                                                        torch.zeros(8, 1, dtype=torch.int32), 128)),
          ValueError, "zero point 0 cannot be represented"),
