@@ -134,7 +134,7 @@ def _uncached_unavailable_reason(backend: str, device: torch.device, dtype: torc
     module, reason = _module(name)
     if module is None:
         return reason
-    return module.unavailable_reason(device, dtype) if backend == "skinny" else module.unavailable_reason(device)
+    return module.unavailable_reason(device, dtype) if backend == "skinny" else module.unavailable_reason(device, backend)
 
 
 @functools.cache

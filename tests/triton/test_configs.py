@@ -220,3 +220,19 @@ def test_the_tuner_times_its_finalists_in_turn_and_keeps_the_medians():
     medians = tune._interleaved_medians({key: timer(key) for key in samples}, 3)
     assert medians == {"a": 3.0, "b": 4.0}
     assert calls == ["a", "b"] * 3
+
+
+def test_a_table_that_selects_the_wgmma_kernel_needs_gluon(monkeypatch):
+    """Without Gluon (triton < 3.6) every call the sm_90 table routes to the wgmma kernel would fail: the Triton
+    route says so up front, and dispatch falls back. Tables without wgmma configs do not ask."""
+    import sys
+
+    import torch
+
+    import w4a16.triton as tri
+
+    monkeypatch.setitem(sys.modules, "w4a16.triton.wgmma_kernel", None)  # its import now raises ImportError
+    monkeypatch.setattr(tri, "table_arch", lambda device: "sm_90")
+    assert "selects the wgmma kernel, which needs triton's Gluon" in tri._wgmma_reason(torch.device("cuda", 0))
+    monkeypatch.setattr(tri, "table_arch", lambda device: "gfx1151")
+    assert tri._wgmma_reason(torch.device("cuda", 0)) is None

@@ -32,8 +32,9 @@ def _interpreting() -> bool:
     return isinstance(_kernel_module().w4a16_gemm_kernel, InterpretedFunction)
 
 
-def unavailable_reason(device: torch.device | str) -> str | None:
-    """None when the Triton kernels can run on `device`; otherwise why not (for dispatch and skips)."""
+def unavailable_reason(device: torch.device | str, route: str = "triton") -> str | None:
+    """None when the route's Triton kernels ("triton": the table's GEMM kernels; "dequant_blas": the
+    dequantization kernel) can run on `device`; otherwise why not (for dispatch and skips)."""
     device = torch.device(device)
     try:
         interpreting = _interpreting()
@@ -47,7 +48,7 @@ def unavailable_reason(device: torch.device | str) -> str | None:
     if device.type == "cuda":
         if interpreting:
             return "TRITON_INTERPRET=1 was set when the kernels were imported: the GPU path is off in this process"
-        return None
+        return _wgmma_reason(device) if route == "triton" else None
     return f"no Triton backend for device type {device.type!r}"
 
 
@@ -59,6 +60,23 @@ def index_limit_reason(m: int, n: int, k: int, route: str) -> str | None:
         if elements > _INT32_MAX:
             return f"{what}={elements} exceeds the kernel's 32-bit indexing (2^31 - 1)"
     return None
+
+
+def _wgmma_reason(device: torch.device) -> str | None:
+    """Where the device's tile table selects the wgmma kernel (sm_90), why that kernel cannot run here, if it
+    cannot: every call the table routes to it would fail."""
+    from .configs import load_table
+
+    if not any(config.kernel == "wgmma" for config in load_table(table_arch(device)).all_configs()):
+        return None
+    try:
+        from .wgmma_kernel import unsupported_reason
+    except ImportError as exc:
+        import triton
+
+        return (f"the {table_arch(device)} tile table selects the wgmma kernel, which needs triton's Gluon (triton "
+                f">= 3.6; this is triton {triton.__version__}): {exc}")
+    return unsupported_reason(device)
 
 
 def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
@@ -73,10 +91,11 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         raise TypeError(f"{name}: scales dtype {qw.scales.dtype} must equal x's dtype {x2d.dtype} "
                         f"(convert once with qw.to(dtype={x2d.dtype}))")
     m, k = x2d.shape
-    too_large = index_limit_reason(m, qw.n, k, "dequant_blas" if name == "dequant_blas_gemm" else "triton")
+    route = "dequant_blas" if name == "dequant_blas_gemm" else "triton"
+    too_large = index_limit_reason(m, qw.n, k, route)
     if too_large is not None:
         raise ValueError(f"{name}: {too_large}")
-    reason = unavailable_reason(x2d.device)
+    reason = unavailable_reason(x2d.device, route)
     if reason is not None:
         raise RuntimeError(f"{name}: {reason}")
     if bias is not None:
