@@ -5,8 +5,10 @@
 // per-architecture staging budget (how many activation elements one block may hold in shared memory / LDS).
 //
 // The staging budget has ONE home, W4A16_ARCH_TABLE below. The device pass picks its row with the compiler's
-// target macros, the host picks its row from the device's reported architecture, and both compute the bytes
-// with the same function (staging_bytes). A static_assert proves every row fits its hardware limit, a probe
+// target macros, and the host picks its row from the device's reported architecture and refuses M * K past it.
+// A static_assert proves that staging_bytes of every row's budget, plus what the NVIDIA kernel reserves besides
+// x, fits its hardware; each kernel's own byte count at the budget stays within that (skinny_kernel.cuh launches
+// staging_bytes, skinny_mma.cuh the x it stages plus its split-K partials). A probe
 // variable (w4a16_device_staging_elements) exposes what the device pass compiled in, and the tests compare that
 // value, the host value and the Python parser of this file. (A public version of this kernel once sized its LDS
 // array at 64 KB while the host assumed 160 KB on some chips and launched a variant the device could not hold.)
@@ -41,7 +43,9 @@ namespace w4a16 {
 // elements (K * M), hardware shared memory / LDS bytes one block may use (the bound the budget must respect).
 //   sm_90:   227 KB of dynamic shared memory per block (after cudaFuncSetAttribute); 8 rows, the mma's columns.
 //   gfx1151, gfx1201 (RDNA 3.5 / RDNA 4): 64 KB of LDS per workgroup.
-//   generic: any other target; the 48 KB every CUDA/HIP device grants without opting in.
+//   generic: any other target; the 48 KB every CUDA/HIP device grants without opting in. (The AMD kernel needs
+//            the packed bf16 dot of gfx11/gfx12, clang's dot9-insts: CDNA targets such as gfx90a and gfx942 do not
+//            compile it.)
 // On NVIDIA (sm_90, and generic, which may be NVIDIA) the block also holds the tensor-core kernel's split-K
 // partials (reserved_bytes below), so those budgets leave room for them.
 // Python reads this table by parsing this file (w4a16/skinny.py: limits); keep one row per line.

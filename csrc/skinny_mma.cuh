@@ -4,7 +4,7 @@
 // Why: NVIDIA has no fp32-accumulating packed dot on the CUDA cores, so the dot2 kernel spends two FFMAs per weight
 // and activation row and becomes arithmetic-bound from M = 2 on (csrc/PERF.md). Here one mma.sync m16n8k16 takes
 // 16 weight rows x 16 k as its A operand and up to 8 activation rows as B: the cost per weight no longer depends
-// on M (1..5 use 1..5 of the 8 columns), and what is left per weight is the unpack.
+// on M (M = 1..8 use 1..8 of its 8 columns), and what is left per weight is the unpack.
 //
 // Operand mapping. In m16n8k16 the lane with group g = lane / 4 and t = lane % 4 holds A rows g and g + 8 at
 // logical k {2t, 2t+1, 2t+8, 2t+9} and B column g at the same logical k. Any permutation of k applied to both A
