@@ -1,7 +1,8 @@
-"""Launches of the wgmma kernel's warp-specialized (producer) form for `compute-sanitizer` (memcheck, synccheck):
-python tests/triton/sanitize_wgmma.py; prints one line per case and 'all cases match'. Covers 256/128/64-token
-tiles, one and two consumer warpgroups, split-K, G = 32/64/128, sym and asym, bias, and tile remainders in M, N
-and K (TMA zero fill)."""
+"""Launches of the wgmma kernel for `compute-sanitizer` (memcheck, synccheck): python tests/triton/sanitize_wgmma.py;
+prints one line per case and 'all cases match'. The warp-specialized (producer) form with x copied into operand
+order and with x read as it is (natural), and the form that gathers x by cp.async (the sm_90 table's pick at small
+M): 256/128/64-token and 16/32-token tiles, one and two consumer warpgroups, split-K, G = 32/64/128, sym and asym,
+bias, and tile remainders in M, N and K (TMA zero fill)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,21 @@ from w4a16.triton.gemm_kernel import launch_gemm  # noqa: E402
 from w4a16.triton.wgmma_kernel import unsupported_reason  # noqa: E402
 
 
-def producer(block_m: int, warps: int, stages: int, split: int) -> TileConfig:
-    return TileConfig(block_m, 16 * warps, WGMMA_BLOCK_K, warps, stages, split, kernel="wgmma", producer=True)
+def producer(block_m: int, warps: int, stages: int, split: int, natural: bool = False) -> TileConfig:
+    return TileConfig(block_m, 16 * warps, WGMMA_BLOCK_K, warps, stages, split, kernel="wgmma", producer=True,
+                      x_natural=natural)
+
+
+def gather(block_m: int, block_n: int, warps: int, stages: int, split: int) -> TileConfig:
+    return TileConfig(block_m, block_n, WGMMA_BLOCK_K, warps, stages, split, kernel="wgmma", x_gather=True)
 
 
 CASES = [((300, 200, 384, 128), producer(256, 8, 3, 1)), ((77, 520, 1056, 32), producer(64, 4, 4, 3)),
-         ((513, 264, 4160, 64), producer(128, 4, 3, 2)), ((257, 4096, 640, 128), producer(256, 4, 3, 1))]
+         ((513, 264, 4160, 64), producer(128, 4, 3, 2)), ((257, 4096, 640, 128), producer(256, 4, 3, 1)),
+         ((300, 200, 384, 128), producer(256, 8, 3, 1, natural=True)),
+         ((77, 520, 1056, 32), producer(64, 4, 4, 3, natural=True)),
+         ((130, 264, 4160, 64), producer(128, 4, 4, 2, natural=True)),
+         ((9, 200, 1056, 32), gather(16, 64, 4, 4, 6)), ((33, 520, 640, 64), gather(32, 128, 8, 4, 4))]
 
 
 def main() -> int:

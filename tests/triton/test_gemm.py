@@ -65,6 +65,23 @@ def test_tiles(shape, config, group_size, symmetric, dtype, generator):
     assert_matches_reference(out, x, qw, bias)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="on CPU the interpreter always runs the portable integer dequantization")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_the_portable_dequantization_on_the_gpu(group_size, dtype, generator):
+    """AMD runs the portable integer dequantization, which an NVIDIA GPU otherwise never takes (ptx_dequant_for
+    picks the inline PTX from sm_90): run it here in both dtypes, where the interpreter cannot check bf16."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k = 33, 130, 512
+    qw = random_weight(n, k, group_size, False, dtype, DEVICE, generator)
+    x = random_activation(m, k, dtype, DEVICE, generator)
+    bias = _bias(n, dtype, generator)
+    for config in KERNEL_CONFIGS:
+        out = launch_gemm(x, qw, bias, config.for_group(group_size), ptx_dequant=False, out=_poisoned(m, n, dtype))
+        assert_matches_reference(out, x, qw, bias)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_k_with_an_empty_split(dtype, generator, monkeypatch):
     """K = 128 in BLOCK_K = 32 tiles over 3 splits is 2 + 2 + 0 tiles: the empty split must still write its slice

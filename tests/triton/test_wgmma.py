@@ -14,7 +14,7 @@ import torch
 from w4a16_testing import assert_matches_reference, random_activation, random_weight
 
 import w4a16
-from w4a16.triton.configs import WGMMA_BLOCK_K, TileConfig
+from w4a16.triton.configs import WGMMA_BLOCK_K, TileConfig, load_table
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -155,9 +155,13 @@ def test_wgmma_kernel(shape, config, symmetric, dtype, generator):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
-def test_natural_form_reads_activation_views_tma_cannot(generator):
-    """TMA reads x itself in the natural form, which needs a 16-byte aligned base and row stride: views with
-    neither still work."""
+@pytest.mark.parametrize("config", [
+    TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma", producer=True, x_natural=True),
+    TileConfig(32, 64, WGMMA_BLOCK_K, 4, 3, 3, kernel="wgmma", x_gather=True),
+], ids=["natural", "gather"])
+def test_forms_that_read_x_itself_take_views_they_cannot_vectorise(config, generator):
+    """The natural form reads x by TMA, the gather form by 16-byte cp.async: both need a 16-byte aligned base and
+    row stride, and views with neither are copied first."""
     from w4a16.triton.gemm_kernel import launch_gemm
 
     m, n, k, g = 70, 200, 512, 32
@@ -165,7 +169,6 @@ def test_natural_form_reads_activation_views_tma_cannot(generator):
     misaligned = random_activation(1, m * k + 2, torch.bfloat16, "cuda", generator)[0, 2:].view(m, k)
     strided = random_activation(m, k + 4, torch.bfloat16, "cuda", generator)[:, :k]  # rows 1032 bytes apart
     assert misaligned.data_ptr() % 16 != 0 and strided.stride(0) * 2 % 16 != 0
-    config = TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma", producer=True, x_natural=True)
     for x in (misaligned, strided):
         out = launch_gemm(x, qw, None, config, out=torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda"))
         assert_matches_reference(out, x, qw)
@@ -188,3 +191,23 @@ def test_producer_form_reads_a_misaligned_weight_view(generator):
     config = TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", producer=True)
     out = launch_gemm(x, shifted, None, config, out=torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda"))
     assert_matches_reference(out, x, shifted)
+
+
+SHIPPED_SM90 = sorted(load_table("sm_90").all_configs(), key=lambda c: tuple(c.to_json().items()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("config", SHIPPED_SM90, ids=lambda c: "-".join(f"{v}" for v in c.to_json().values()))
+def test_every_config_the_sm90_table_ships(config, generator):
+    """Each distinct config of the shipped table once, on a shape with remainders in M, N and K (G = 64), bf16
+    with zero points and bias: the model-shape tests reach only the buckets their M values select."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k, g = 70, 200, 640, 64
+    qw = random_weight(n, k, g, False, torch.bfloat16, "cuda", generator)
+    x = random_activation(m, k, torch.bfloat16, "cuda", generator)
+    bias = torch.randn(n, generator=generator).to(dtype=torch.bfloat16, device="cuda")
+    config = config.for_group(g)
+    out = launch_gemm(x, qw, bias, config, out=torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda"))
+    assert_matches_reference(out, x, qw, bias)
