@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass
 
+from .. import skinny
+
 # model -> layer -> (N, K): nn.Linear weight shapes, out_features x in_features.
 MODELS: dict[str, dict[str, tuple[int, int]]] = {
     "qwen3-4b": {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)},
@@ -34,8 +36,9 @@ PEERS = ("torch_bf16", "torch_fp16", "naive", "tinygemm")
 BACKENDS = OURS + PEERS
 
 # The skinny kernel is a decode kernel (auto sends it M <= 5 by default, M <= 8 on sm_90: w4a16/dispatch_rules.json);
-# up to 8 the bench times it forced too, so the edge shows, and a forced call it refuses is skipped with its message.
-SKINNY_MAX_M = 8
+# up to the most rows any arch's kernel takes (csrc/portability.h's table) the bench times it forced too, so the
+# edge shows, and a forced call it refuses is skipped with its message.
+SKINNY_MAX_M = max(rows for rows, _, _ in skinny.arch_table().values())
 # dequant + BLAS pays a full dequantization per call: it only competes at prefill sizes.
 DEQUANT_BLAS_MIN_M = 16
 # tinygemm's time grows about linearly in M past decode sizes (DESIGN.md: 16455 us at M = 2048 for

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from . import metrics
-from .catalogue import BACKENDS, LAYERS, OURS
+from .catalogue import BACKENDS, DEFAULT_FORMAT, LAYERS, OURS
 from .results import Record
 
 
@@ -24,7 +24,7 @@ def plot_models(records: Iterable[Record], copy_gbps: float | None, out_dir: str
     out_dir.mkdir(parents=True, exist_ok=True)
     by_model: dict[str, list[Record]] = {}
     for r in records:
-        if (r.dtype, r.group_size, r.symmetric) == ("bf16", 128, True):  # the default format; variants are tabled
+        if (r.dtype, r.group_size, r.symmetric) == DEFAULT_FORMAT:  # variants are tabled, not plotted
             by_model.setdefault(r.model, []).append(r)
     paths = []
     for model, recs in sorted(by_model.items()):
