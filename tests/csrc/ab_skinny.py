@@ -115,7 +115,11 @@ def export_csrc(version: str, into: Path) -> Path:
 def apply_patch(patch: Path, into: Path) -> Path:
     """A copy of the working tree's csrc/ under `into`, with `patch` (a diff of csrc/ made by git) applied."""
     shutil.copytree(ROOT / "csrc", into / "csrc")
-    done = subprocess.run(["git", "apply", str(patch.resolve())], cwd=into, capture_output=True, text=True)
+    # Inside a repository (a temporary directory under a checkout, as nox's is) git apply would apply the patch
+    # relative to that repository and skip, without a word, the paths outside the current directory: stop its
+    # search for a repository at `into`.
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(into.resolve().parent)}
+    done = subprocess.run(["git", "apply", str(patch.resolve())], cwd=into, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"{patch} does not apply to the working tree's csrc/ (rebase it onto the current kernel, "
                          f"or delete it with its csrc/PERF.md entry):\n{done.stderr}")
