@@ -61,7 +61,9 @@ def install(session: nox.Session, *extras: str) -> None:
     gets the pinned CPU build (a no-op where it is already there), whatever other torch the machine has."""
     # run_install: the probe decides what to install, so it runs under --install-only too (nox then returns None
     # from session.run); under --no-install nox installs nothing and returns None here as well.
-    found = json.loads(session.run_install("python", "-c", _FOUND, silent=True, log=False) or "null")
+    # stderr is left to the console (a GPU torch may warn on import): only the JSON line comes back.
+    printed = session.run_install("python", "-c", _FOUND, silent=True, log=False, stderr=None)
+    found = json.loads(printed.strip().splitlines()[-1]) if printed else None
     if found is None:
         return
     if not found["gpu_torch"]:
