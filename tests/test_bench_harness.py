@@ -117,6 +117,15 @@ def test_case_info_names():
     assert set(info) == set(results.KEY_FIELDS)
 
 
+def test_a_cases_key_is_the_key_of_its_stored_record(tmp_path):
+    """--compare matches what a run was asked to measure (case_key) against what it stored (Record.key): the two
+    spell the same key, or a case that stopped being measured would never count as missing."""
+    cases = [c for c in catalogue.cases("baseline") if c.backend in catalogue.OURS][:50]
+    benches = [{"name": c.id, "extra_info": {**c.as_info(), "us_per_call": 5.0}, "stats": {"median": 5e-6}}
+               for c in cases]
+    run = results.load_run(_write_run(tmp_path / "run.json", "2026-01-01T00:00:00", benches))
+    assert [results.case_key(c) for c in cases] == list(run.records)
+
 # ---------------------------------------------------------------------------------------------------------------
 # Synthetic stored runs: tables, ratios, compare
 
