@@ -11,7 +11,8 @@ and measured again, so both variants run the same code around the linear layers.
     TPOT    per-token time of 128 greedy decode steps after a 128-token prompt: one decode step (forward, argmax,
             position + 1, the cache writes its own position) captured once as a CUDA graph and replayed
     linear  the decode step's linear layers alone (every nn.Linear / W4A16Linear called once on one token, in
-            model order, as one CUDA graph): the part of TPOT the W4A16 kernels own; the rest is transformers'
+            model order, as one CUDA graph): the part of TPOT the linear layers own, lm_head included (it stays
+            bf16 in both variants, as quantize_model skips it); the rest is transformers'
             unfused glue (norms, rotary, attention, cache writes), the same in both variants
     memory  resident weight bytes (parameters and buffers, shared tensors once) and the peak allocated during
             the measurements
