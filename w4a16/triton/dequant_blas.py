@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .dequant_tile import dequantize_tile
+from .dequant_tile import BF16_MAGIC, FP16_MAGIC, dequantize_tile
 from .gemm_kernel import ptx_dequant_for
 
 # (device, dtype) -> flat workspace; grows to the largest N*K seen.
@@ -36,7 +36,7 @@ def w4a16_dequant_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX_DEQUANT: tl.constexpr,
 ):
     DTYPE: tl.constexpr = w_ptr.dtype.element_ty
-    MAGIC: tl.constexpr = 128.0 if DTYPE == tl.bfloat16 else 1024.0
+    MAGIC: tl.constexpr = BF16_MAGIC if DTYPE == tl.bfloat16 else FP16_MAGIC
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K  # BLOCK_K divides GROUP_SIZE and K: whole tiles, one group per row
     mask_n = offs_n < N

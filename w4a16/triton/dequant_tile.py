@@ -24,11 +24,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Exponent bits that make a 16-bit float equal MAGIC + (low mantissa bits), and MAGIC itself.
-FP16_MAGIC_BITS = 0x6400
-FP16_MAGIC = 1024.0
-BF16_MAGIC_BITS = 0x4300
-BF16_MAGIC = 128.0
+# The magic number of each dtype, the one owner of these constants for every kernel here: OR-ing its bits over a
+# nibble q in the low mantissa bits makes the 16-bit float MAGIC + q exactly. *_PAIR: those bits in both halves of
+# a 32-bit word (two lanes at once).
+FP16_MAGIC = tl.constexpr(1024.0)  # 0x6400
+BF16_MAGIC = tl.constexpr(128.0)  # 0x4300
+FP16_MAGIC_PAIR = tl.constexpr(0x64006400)
+BF16_MAGIC_PAIR = tl.constexpr(0x43004300)
+
+
+def magic_pair_hex(is_bf16: bool) -> str:
+    """The *_PAIR bits as a PTX immediate."""
+    return f"{(BF16_MAGIC_PAIR if is_bf16 else FP16_MAGIC_PAIR).value:#010x}"
 
 # lop3 truth table for (a & b) | c with the PTX operand encodings a = 0xF0, b = 0xCC, c = 0xAA.
 _LOP3_AND_OR = 0xEA
@@ -37,7 +44,7 @@ _LOP3_AND_OR = 0xEA
 def ptx_dequant_asm(is_bf16: bool) -> str:
     """PTX for one int32 word -> 8 dequantized 16-bit values (outputs $0..$7 in k order, inputs $8 word,
     $9 the bits of MAGIC + z, $10 the bits of the scale)."""
-    magic = "0x43004300" if is_bf16 else "0x64006400"
+    magic = magic_pair_hex(is_bf16)
     kind = "bf16x2" if is_bf16 else "f16x2"
     lines = [
         "{",
@@ -97,7 +104,7 @@ def dequantize_tile(words, scales, zero_bias, DTYPE: tl.constexpr, PTX: tl.const
             v6.to(DTYPE, bitcast=True), v7.to(DTYPE, bitcast=True),
         )
     else:
-        MAGIC_BITS: tl.constexpr = 0x43004300 if IS_BF16 else 0x64006400
+        MAGIC_BITS: tl.constexpr = BF16_MAGIC_PAIR if IS_BF16 else FP16_MAGIC_PAIR
         # Pair p = nibbles of k = 2p (low lane) and 2p + 1 (high lane), each lane now MAGIC + q.
         p0 = (words & 0x000F000F) | MAGIC_BITS
         p1 = ((words >> 4) & 0x000F000F) | MAGIC_BITS

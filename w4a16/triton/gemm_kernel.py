@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .configs import TileConfig
-from .dequant_tile import dequantize_tile
+from .dequant_tile import BF16_MAGIC, FP16_MAGIC, dequantize_tile
 
 GROUP_M = 8
 
@@ -48,7 +48,7 @@ def w4a16_gemm_kernel(
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, W_LEFT: tl.constexpr, PTX_DEQUANT: tl.constexpr,
 ):
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    MAGIC: tl.constexpr = 128.0 if DTYPE == tl.bfloat16 else 1024.0
+    MAGIC: tl.constexpr = BF16_MAGIC if DTYPE == tl.bfloat16 else FP16_MAGIC
 
     # Grouped ordering: GROUP_M consecutive M tiles per column of N tiles.
     pid = tl.program_id(0)

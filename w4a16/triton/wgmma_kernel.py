@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .configs import WGMMA_BLOCK_K, TileConfig
-from .dequant_tile import ptx_dequant_asm
+from .dequant_tile import BF16_MAGIC, FP16_MAGIC, magic_pair_hex, ptx_dequant_asm
 from .gemm_kernel import add_splits
 
 # The K tile: 4 lanes x 32 k, the width the operand permutation above is built for.
@@ -113,7 +113,7 @@ def _operand(words, scale, zero, DTYPE: gl.constexpr, HAS_ZEROS: gl.constexpr, a
     """Packed words [BN, 4 (t), 4 (w)] -> the dequantized operand [BN, BLOCK_K] in a_layout, in place (no data
     moves)."""
     IS_BF16: gl.constexpr = DTYPE == gl.bfloat16
-    MAGIC: gl.constexpr = 128.0 if IS_BF16 else 1024.0
+    MAGIC: gl.constexpr = BF16_MAGIC if IS_BF16 else FP16_MAGIC
     if HAS_ZEROS:
         zero_bias = (zero.to(gl.float32) + MAGIC).to(DTYPE)
     else:
@@ -182,7 +182,7 @@ def _natural_words_layout(block_n, warps):
 def natural_dequant_asm(is_bf16: bool) -> str:
     """PTX for one pair of a word: inputs $2 the word, $3 the shift (4 * pair), $4 the bits of MAGIC + z, $5 the bits
     of the scale; outputs $0 (the pair's lower k) and $1."""
-    magic = "0x43004300" if is_bf16 else "0x64006400"
+    magic = magic_pair_hex(is_bf16)
     kind = "bf16x2" if is_bf16 else "f16x2"
     return "\n".join([
         "{", ".reg .b32 p, zb, sc;", "mov.b32 zb, {$4, $4};", "mov.b32 sc, {$5, $5};", "shr.u32 p, $2, $3;",
@@ -200,7 +200,7 @@ def _natural_operand(words, scale, zero, DTYPE: gl.constexpr, HAS_ZEROS: gl.cons
     """Words [BN, 16] (every lane of a quad holding the same) and the scales (and zeros) [BN, 1, groups, 1] ->
     the dequantized operand [BN, BLOCK_K] in a_layout."""
     IS_BF16: gl.constexpr = DTYPE == gl.bfloat16
-    MAGIC: gl.constexpr = 128.0 if IS_BF16 else 1024.0
+    MAGIC: gl.constexpr = BF16_MAGIC if IS_BF16 else FP16_MAGIC
     BN: gl.constexpr = layout.shape[0]
     GROUPS: gl.constexpr = layout.shape[2]
     words = gl.convert_layout(gl.reshape(words, [BN, GROUPS, 16 // GROUPS]), gl.SliceLayout(1, layout),
