@@ -5,6 +5,7 @@
     python3 tests/csrc/ab_skinny.py HEAD . --layer llama_gate_up
     python3 tests/csrc/ab_skinny.py old/ .                 # a directory holding a csrc/ (no git history needed)
     python3 tests/csrc/ab_skinny.py . tests/csrc/variants/*.patch   # the working tree's csrc/ with each patch
+    python3 tests/csrc/ab_skinny.py --export tests/csrc/variants/combined.patch DIR   # DIR/csrc, the patch applied
 
 Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
 cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`
@@ -112,17 +113,31 @@ def export_csrc(version: str, into: Path) -> Path:
     return into / "csrc"
 
 
+# In a patch's description (the text before its first diff): the patch it was made against, if not the kernel itself.
+_BASE = re.compile(r"^Applies on top of (\S+\.patch)", re.M)
+
+
+def patch_chain(patch: Path) -> list[Path]:
+    """The patches to apply, in order, for `patch`: the one its description names as its base ("Applies on top
+    of X.patch", next to it), that one's base first, and so on, then `patch` itself."""
+    base = _BASE.search(patch.read_text().split("\ndiff --git", 1)[0])
+    return ([*patch_chain(patch.parent / base.group(1))] if base else []) + [patch]
+
+
 def apply_patch(patch: Path, into: Path) -> Path:
-    """A copy of the working tree's csrc/ under `into`, with `patch` (a diff of csrc/ made by git) applied."""
+    """A copy of the working tree's csrc/ under `into`, with `patch` (a diff of csrc/ made by git) applied, after
+    the patches it builds on (patch_chain)."""
     shutil.copytree(ROOT / "csrc", into / "csrc")
     # Inside a repository (a temporary directory under a checkout, as nox's is) git apply would apply the patch
     # relative to that repository and skip, without a word, the paths outside the current directory: stop its
     # search for a repository at `into`.
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(into.resolve().parent)}
-    done = subprocess.run(["git", "apply", str(patch.resolve())], cwd=into, capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise SystemExit(f"{patch} does not apply to the working tree's csrc/ (rebase it onto the current kernel, "
-                         f"or delete it with its csrc/PERF.md entry):\n{done.stderr}")
+    for step in patch_chain(patch):
+        done = subprocess.run(["git", "apply", str(step.resolve())], cwd=into, capture_output=True, text=True,
+                              env=env)
+        if done.returncode:
+            raise SystemExit(f"{step} does not apply to the working tree's csrc/ (rebase it onto the current "
+                             f"kernel, or delete it with its csrc/PERF.md entry):\n{done.stderr}")
     return into / "csrc"
 
 
@@ -140,7 +155,14 @@ def main(argv: list[str] | None = None) -> int:
                              "holding a csrc/")
     parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
     parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
+    parser.add_argument("--export", metavar="DIR", type=Path,
+                        help="write the one version given (a patch) into DIR/csrc instead of timing anything")
     args = parser.parse_args(argv)
+    if args.export:
+        if len(args.versions) != 1 or not args.versions[0].endswith(".patch"):
+            parser.error("--export takes one version, a .patch file")
+        print(apply_patch(Path(args.versions[0]), args.export))
+        return 0
     if args.passes < 1:
         parser.error(f"--passes must be >= 1, got {args.passes}")
     env = dict(os.environ, **({"TIME_SKINNY_LAYER": args.layer} if args.layer else {}))

@@ -76,6 +76,15 @@ def test_export_csrc_of_a_patch(tmp_path):
     csrc = ab.export_csrc(str(patch), tmp_path / "v")
     assert (csrc / "skinny_mma.cuh").read_text() == source.replace(first, "// edited", 1)
     assert (ab.ROOT / "csrc" / "skinny_mma.cuh").read_text() == source  # the working tree is untouched
+    # A patch made on top of another names it; both apply, in order.
+    on_top = tmp_path / "on-top.patch"
+    on_top.write_text("Applies on top of edit.patch.\n\n"
+                      "diff --git a/csrc/skinny_mma.cuh b/csrc/skinny_mma.cuh\n--- a/csrc/skinny_mma.cuh\n"
+                      f"+++ b/csrc/skinny_mma.cuh\n@@ -1,4 +1,4 @@\n-// edited\n+// edited twice\n"
+                      + "".join(f" {line}\n" for line in context))
+    assert ab.patch_chain(on_top) == [patch, on_top]
+    csrc = ab.export_csrc(str(on_top), tmp_path / "u")
+    assert (csrc / "skinny_mma.cuh").read_text() == source.replace(first, "// edited twice", 1)
     patch.write_text(patch.read_text().replace(f"-{first}", "-// a line that is not there"))
     with pytest.raises(SystemExit, match="does not apply"):
         ab.export_csrc(str(patch), tmp_path / "w")
