@@ -236,3 +236,10 @@ def test_a_table_that_selects_the_wgmma_kernel_needs_gluon(monkeypatch):
     assert "selects the wgmma kernel, which needs triton's Gluon" in tri._wgmma_reason(torch.device("cuda", 0))
     monkeypatch.setattr(tri, "table_arch", lambda device: "gfx1151")
     assert tri._wgmma_reason(torch.device("cuda", 0)) is None
+
+
+def test_every_table_on_disk_is_a_shipped_arch():
+    """The AOT and round-trip tests walk SHIPPED_ARCHS: a table written for a new arch must join it, or it would
+    ship unchecked."""
+    on_disk = {path.stem for path in configs.CONFIG_DIR.glob("*.json")}
+    assert on_disk == {*SHIPPED_ARCHS, configs.GENERIC}
