@@ -80,8 +80,10 @@ def _wgmma_reason(device: torch.device) -> str | None:
 
 
 def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
-              name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Checks shared by both routes; returns x2d with unit stride along K and a contiguous bias."""
+              route: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Checks shared by both routes ("triton", "dequant_blas"); returns x2d with unit stride along K and a
+    contiguous bias."""
+    name = f"{route}_gemm"
     check_gemm_args(x2d, qw, bias)
     if x2d.dim() != 2:
         raise ValueError(f"{name}: x2d must be 2-D [M, K], got shape {tuple(x2d.shape)}")
@@ -91,7 +93,6 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         raise TypeError(f"{name}: scales dtype {qw.scales.dtype} must equal x's dtype {x2d.dtype} "
                         f"(convert once with qw.to(dtype={x2d.dtype}))")
     m, k = x2d.shape
-    route = "dequant_blas" if name == "dequant_blas_gemm" else "triton"
     too_large = index_limit_reason(m, qw.n, k, route)
     if too_large is not None:
         raise ValueError(f"{name}: {too_large}")
@@ -114,7 +115,7 @@ def triton_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
     """y = x2d @ dequant(W)^T (+ bias) with the fused kernel: x2d [M, K] fp16/bf16 -> [M, N] in x's dtype."""
     from .configs import select_config
 
-    x2d, bias = _validate(x2d, qw, bias, "triton_gemm")
+    x2d, bias = _validate(x2d, qw, bias, "triton")
     m = x2d.shape[0]
     if m == 0:
         return x2d.new_empty((0, qw.n))
@@ -128,7 +129,7 @@ def dequant_blas_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor
     Extra memory: one N*K workspace in x's dtype per device and dtype, kept between calls."""
     from .dequant_blas import launch_dequant_blas
 
-    x2d, bias = _validate(x2d, qw, bias, "dequant_blas_gemm")
+    x2d, bias = _validate(x2d, qw, bias, "dequant_blas")
     if x2d.shape[0] == 0:
         return x2d.new_empty((0, qw.n))
     return launch_dequant_blas(x2d, qw, bias)
