@@ -3,7 +3,7 @@
 # exists). Two steps, each one device call of its own (about 5-8 minutes each on an H200):
 #
 #   bash tests/csrc/variants_round.sh ab             # A/B: the working tree's kernel against every variant
-#   bash tests/csrc/variants_round.sh check combined # one variant's full round: build, GPU tests, sanitizer, timings
+#   bash tests/csrc/variants_round.sh check quad-meta  # one variant's full round: build, GPU tests, sanitizer, timings
 #
 # `check` runs tests/csrc/gpu_round.sh in a copy of the tree with the patch applied, so the working tree is never
 # edited (the GPU tests cover what the A/B harness does not time: asymmetric G = 128, clusters, odd shapes).
@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
 case "${1:-}" in
   ab)
-    # The two timing-only bounds fail their float64 checks by design, so exit status 1 is expected.
+    # The timing-only bounds (bound-*) fail their float64 checks by design, so exit status 1 is expected.
     python3 tests/csrc/ab_skinny.py . tests/csrc/variants/*.patch --passes "${PASSES:-3}" \
       > "$OUT/ab.md" 2> "$OUT/ab.log" || echo "ab_skinny exit $? (the bound-* variants fail their checks)"
     cat "$OUT/ab.md"
