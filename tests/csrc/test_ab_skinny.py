@@ -80,7 +80,7 @@ def test_export_csrc_of_a_patch(tmp_path):
     on_top = tmp_path / "on-top.patch"
     on_top.write_text("Applies on top of edit.patch.\n\n"
                       "diff --git a/csrc/skinny_mma.cuh b/csrc/skinny_mma.cuh\n--- a/csrc/skinny_mma.cuh\n"
-                      f"+++ b/csrc/skinny_mma.cuh\n@@ -1,4 +1,4 @@\n-// edited\n+// edited twice\n"
+                      "+++ b/csrc/skinny_mma.cuh\n@@ -1,4 +1,4 @@\n-// edited\n+// edited twice\n"
                       + "".join(f" {line}\n" for line in context))
     assert ab.patch_chain(on_top) == [patch, on_top]
     csrc = ab.export_csrc(str(on_top), tmp_path / "u")
