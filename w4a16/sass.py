@@ -74,23 +74,27 @@ def _loops(instructions: list[Instruction]) -> list[list[Instruction]]:
 
 
 def refill_waits(instructions: list[Instruction]) -> list[Instruction] | None:
-    """The instructions of a weight-ring loop that wait for loads the same pass has just issued.
+    """The instructions of the weight-ring loops that wait for loads the same pass has just issued.
 
-    The loop is the one that issues the most 16-byte weight loads (the shortest such). A ring whose refills are
-    consumed one pass later waits for them once per pass, at or before the pass's first unit: any wait on their
-    scoreboard after the pass's first refill stalls the warp on loads that were meant to stay in flight. An empty
-    list is that schedule. None: the function has no loop issuing weight loads (nothing was checked).
+    A ring loop is a loop that issues 16-byte weight loads and holds no other such loop's back edge: a backward
+    branch from code placed after the loops (a reduction called from the loop body) spans the loops around it, and
+    is not one. A kernel may hold several ring loops (copies for different load paths); each is checked. A ring
+    whose refills are consumed one pass later waits for them once per pass, at or before the pass's first unit: any
+    wait on their scoreboard after the pass's first refill stalls the warp on loads that were meant to stay in
+    flight. An empty list is that schedule. None: the function has no loop issuing weight loads (nothing was
+    checked).
     """
-    best: list[Instruction] = []
-    best_loads = 0
-    for body in _loops(instructions):
-        loads = sum(1 for i in body if _WEIGHT_LOAD.match(i.text))
-        if loads > best_loads or (loads == best_loads and loads and len(body) < len(best)):
-            best, best_loads = body, loads
-    if not best_loads:
+    loops = [body for body in _loops(instructions) if any(_WEIGHT_LOAD.match(i.text) for i in body)]
+    back_edges = {body[-1].address for body in loops}
+    rings = [body for body in loops
+             if not any(body[0].address <= edge < body[-1].address for edge in back_edges)]
+    if not rings:
         return None
-    first = next(n for n, i in enumerate(best) if _WEIGHT_LOAD.match(i.text))
-    scoreboards = {i.write_scoreboard for i in best if _WEIGHT_LOAD.match(i.text)}
-    if NO_SCOREBOARD in scoreboards:  # a global load always sets one: the control bits were misread
-        raise ValueError("a 16-byte global load in the loop sets no scoreboard: not an sm_70+ control word")
-    return [i for i in best[first + 1:] if any(i.waits_on(s) for s in scoreboards)]
+    waits = []
+    for body in rings:
+        first = next(n for n, i in enumerate(body) if _WEIGHT_LOAD.match(i.text))
+        scoreboards = {i.write_scoreboard for i in body if _WEIGHT_LOAD.match(i.text)}
+        if NO_SCOREBOARD in scoreboards:  # a global load always sets one: the control bits were misread
+            raise ValueError("a 16-byte global load in the loop sets no scoreboard: not an sm_70+ control word")
+        waits += [i for i in body[first + 1:] if any(i.waits_on(s) for s in scoreboards)]
+    return waits

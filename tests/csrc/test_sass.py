@@ -85,3 +85,19 @@ def test_a_load_without_scoreboard_is_a_misread():
     body[4] = (body[4][0], control())
     with pytest.raises(ValueError, match="sets no scoreboard"):
         sass.refill_waits(sass.functions(listing({"k": body}))["k"])
+
+
+def two_ring_loops(wait_in_second: bool) -> list[tuple[str, int]]:
+    """Two copies of ring_loop's loop (as for two metadata load paths), then code placed after them that waits on the
+    weight loads' scoreboard and branches back into the first loop (as a reduction called from its body does)."""
+    first = ring_loop(False)[:-1]  # without EXIT; its loop is instructions 1..8
+    second = [(text.replace("BRA 0x10", "BRA 0x90"), high) for text, high in ring_loop(wait_in_second)[1:-1]]
+    tail = [("SHF.R.U32.HI R90, RZ, 0x8, R20", control(wait=1 << 5)), ("BRA 0x20", control(stall=5)),
+            ("EXIT", control(stall=5))]
+    return first + second + tail
+
+
+def test_every_ring_loop_is_checked_and_a_branch_back_from_after_them_is_not_one():
+    assert sass.refill_waits(sass.functions(listing({"k": two_ring_loops(False)}))["k"]) == []
+    [found] = sass.refill_waits(sass.functions(listing({"k": two_ring_loops(True)}))["k"])
+    assert found.address == 0xd0 and found.text.startswith("SHF.R.U32.HI R76")

@@ -128,6 +128,29 @@ def test_odd_shapes_all_rows_bias(n, k, group_size, dtype, generator):
         assert_matches_reference(run(x, qw, bias), x, qw, bias)
 
 
+def _at_odd_address(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of t that starts one element past an aligned address."""
+    storage = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = storage[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("group_size", (32, 64), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_metadata_at_odd_addresses(group_size, dtype, generator):
+    """With G < 128 the kernel loads a k-step's scales (and zero points) of a row in one vector load where they are
+    aligned for it; scales and zero points one element off an aligned address take the per-group loads instead."""
+    gen = _seeded(generator)
+    for fmt, m in itertools.product(FORMATS, (1, 5)):
+        qw = gpu_weight(4096, 4096, group_size, fmt, dtype, gen)
+        odd = w4a16.QuantizedWeight(qw.qweight, _at_odd_address(qw.scales),
+                                    None if qw.zeros is None else _at_odd_address(qw.zeros), group_size)
+        assert odd.scales.data_ptr() % 4 != 0
+        x = x_for(m, 4096, dtype, gen)
+        assert_matches_reference(run(x, odd), x, odd)
+
+
 def clusters_available() -> bool:
     return torch.version.cuda is not None and torch.cuda.get_device_capability() >= (9, 0)
 
