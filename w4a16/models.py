@@ -67,13 +67,15 @@ def quantize_model(
         skip = (skip,)
     skip = tuple(skip)
     modules = list(model.named_modules(remove_duplicate=False))
-    unsupported = [name for name, m in modules if not isinstance(m, (nn.Linear, nn.Embedding, nn.EmbeddingBag))
+    unsupported = [(name, m) for name, m in modules
+                   if not isinstance(m, (nn.Linear, nn.Embedding, nn.EmbeddingBag))
                    and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 2
                    and not _matches(name, skip)]
     if unsupported:
-        raise ValueError(f"{unsupported[0]}: {type(dict(modules)[unsupported[0]]).__name__} has a 2-D weight but is "
-                         f"not an nn.Linear, which is all quantize_model replaces; add it to skip to keep it as is "
-                         f"({len(unsupported)} such layer(s): {unsupported[:4]})")
+        name, module = unsupported[0]
+        raise ValueError(f"{name}: {type(module).__name__} has a 2-D weight but is not an nn.Linear, which is all "
+                         f"quantize_model replaces; add it to skip to keep it as is ({len(unsupported)} such "
+                         f"layer(s): {[n for n, _ in unsupported[:4]]})")
     targets = [(name, m) for name, m in modules if isinstance(m, nn.Linear) and not _matches(name, skip)]
     if not targets:
         raise ValueError(f"no nn.Linear layer to quantize (skip={skip})")
