@@ -78,11 +78,10 @@ def refill_waits(instructions: list[Instruction]) -> list[Instruction] | None:
 
     A ring loop is a loop that issues 16-byte weight loads and holds no other such loop's back edge: a backward
     branch from code placed after the loops (a reduction called from the loop body) spans the loops around it, and
-    is not one. A kernel may hold several ring loops (copies for different load paths); each is checked. A ring
-    whose refills are consumed one pass later waits for them once per pass, at or before the pass's first unit: any
-    wait on their scoreboard after the pass's first refill stalls the warp on loads that were meant to stay in
-    flight. An empty list is that schedule. None: the function has no loop issuing weight loads (nothing was
-    checked).
+    is not one. A kernel may hold several ring loops (a copy per code path); each is checked. A ring whose refills
+    are consumed one pass later waits for them once per pass, at or before the pass's first unit: any wait on their
+    scoreboard after the pass's first refill stalls the warp on loads that were meant to stay in flight. An empty
+    list is that schedule. None: the function has no loop issuing weight loads (nothing was checked).
     """
     loops = [body for body in _loops(instructions) if any(_WEIGHT_LOAD.match(i.text) for i in body)]
     back_edges = {body[-1].address for body in loops}

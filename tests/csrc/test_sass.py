@@ -88,7 +88,7 @@ def test_a_load_without_scoreboard_is_a_misread():
 
 
 def two_ring_loops(wait_in_second: bool) -> list[tuple[str, int]]:
-    """Two copies of ring_loop's loop (as for two metadata load paths), then code placed after them that waits on the
+    """Two copies of ring_loop's loop (a kernel with two code paths), then code placed after them that waits on the
     weight loads' scoreboard and branches back into the first loop (as a reduction called from its body does)."""
     first = ring_loop(False)[:-1]  # without EXIT; its loop is instructions 1..8
     second = [(text.replace("BRA 0x10", "BRA 0x90"), high) for text, high in ring_loop(wait_in_second)[1:-1]]

@@ -139,8 +139,9 @@ def _at_odd_address(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("group_size", (32, 64), ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_metadata_at_odd_addresses(group_size, dtype, generator):
-    """With G < 128 the kernel loads a k-step's scales (and zero points) of a row in one vector load where they are
-    aligned for it; scales and zero points one element off an aligned address take the per-group loads instead."""
+    """Scales and zero points that start one element past an aligned address (views with a storage offset, which
+    the op accepts) are read correctly: the kernel may assume no more than their element alignment (a wider load
+    of a row's groups was tried, csrc/PERF.md)."""
     gen = _seeded(generator)
     for fmt, m in itertools.product(FORMATS, (1, 5)):
         qw = gpu_weight(4096, 4096, group_size, fmt, dtype, gen)
