@@ -196,6 +196,7 @@ def test_large_activations_and_scales(generator):
         assert_matches_reference(run(x, qw), x, qw)
 
 
+@pytest.mark.alone
 def test_staging_limit_exactly_and_one_past(generator):
     gen = _seeded(generator)
     max_rows, elements = skinny.device_limits()
@@ -211,6 +212,7 @@ def test_staging_limit_exactly_and_one_past(generator):
             skinny.skinny_gemm(x_for(m, k + 32, torch.bfloat16, gen), over)
 
 
+@pytest.mark.alone
 def test_limits_agree_host_device_python():
     for i in range(torch.cuda.device_count()):
         host = tuple(torch.ops.w4a16.skinny_limits(i))
@@ -218,6 +220,7 @@ def test_limits_agree_host_device_python():
         assert host == device == skinny.limits(w4a16.arch(torch.device("cuda", i)))
 
 
+@pytest.mark.alone
 def test_host_checks(generator):
     gen = _seeded(generator)
     qw = gpu_weight(64, 256, 64, "uint4", torch.float16, gen)
@@ -264,6 +267,7 @@ def test_host_checks(generator):
             call(**changes)
 
 
+@pytest.mark.alone
 def test_opcheck_and_graph_capture(generator):
     gen = _seeded(generator)
     qw = gpu_weight(256, 1024, 128, "uint4", torch.bfloat16, gen)

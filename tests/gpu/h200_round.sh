@@ -8,18 +8,17 @@ set -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/tests:$PWD W4A16_BUILD_DIR=/tmp/w4a16-build
 step() { echo "== $1: rc=$2 (at ${SECONDS} s)" | tee -a "$OUT/summary.txt"; }
-# With pytest-xdist (where the machine has it) 8 workers share the GPU; the skinny kernel's error-path tests run
+# With pytest-xdist (where the machine has it) 8 workers share the GPU; the skinny tests marked "alone" run
 # alone afterwards, as in tests/csrc/gpu_round.sh.
 WORKERS=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${PYTEST_WORKERS:-8}" || true)
-ERRORS="staging_limit or host_checks or opcheck or limits_agree"
 if [ "${1:-1}" = 1 ]; then
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
   bash regression/gpu_accuracy.sh stage > "$OUT/stage.log" 2>&1; step stage $?
   python3 -m w4a16.skinny_build > "$OUT/build.log" 2>&1; step build $?
-  python3 -m pytest -q -p no:cacheprovider $WORKERS -k "not ($ERRORS)" tests/csrc/test_skinny_gpu.py \
+  python3 -m pytest -q -p no:cacheprovider $WORKERS -m "not alone" tests/csrc/test_skinny_gpu.py \
     tests/csrc/test_skinny_python.py tests/gpu tests/test_dispatch.py tests/test_linear.py 2>&1 \
     | tee "$OUT/pytest-gpu.log" | tail -25; step pytest-gpu $?
-  python3 -m pytest -q -p no:cacheprovider -k "$ERRORS" tests/csrc/test_skinny_gpu.py 2>&1 \
+  python3 -m pytest -q -p no:cacheprovider -m alone tests/csrc/test_skinny_gpu.py 2>&1 \
     | tee "$OUT/pytest-errors.log" | tail -5; step pytest-error-paths $?
   python3 -m w4a16 info 2>&1 | tee "$OUT/info.log"
   # Against the newest stored quick baseline; stored as the next one only if it passes.
