@@ -137,9 +137,9 @@ def _bench(model, layer, m, backend, us, n=4096, k=4096, dtype="bf16", g=128, sy
             "stats": {"median": us / 1e6, "min": us / 1e6}}
 
 
-def _write_run(path: Path, when: str, benches: list[dict], copy_gbps=4000.0) -> Path:
+def _write_run(path: Path, when: str, benches: list[dict], copy_gbps=4000.0, gpu="NVIDIA H200") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"datetime": when, "machine_info": {"w4a16": {"copy_gbps": copy_gbps}},
+    path.write_text(json.dumps({"datetime": when, "machine_info": {"w4a16": {"copy_gbps": copy_gbps, "gpu": gpu}},
                                 "benchmarks": benches}))
     return path
 
@@ -186,6 +186,24 @@ def test_newest_baseline_by_recorded_datetime(tmp_path):
     assert results.newest_baseline(storage, "quick") == quick
     assert results.newest_baseline(storage, "variants") is None
     assert results.newest_baseline(tmp_path / "gfx1151") is None
+
+
+def test_newest_baseline_of_this_gpu(tmp_path):
+    # an H100 and an H200 are both sm_90: their runs share the arch's folder, and each GPU compares with its own
+    storage = tmp_path / "sm_90"
+    h200 = _write_run(storage / "m" / "0001_quick.json", "2026-01-01T00:00:00", BASE)
+    h100 = _write_run(storage / "m" / "0002_quick.json", "2026-01-02T00:00:00", BASE, gpu="NVIDIA H100 80GB HBM3")
+    assert results.recorded_gpu(h100) == "NVIDIA H100 80GB HBM3"
+    assert results.newest_baseline(storage, "quick") == h100
+    assert results.newest_baseline(storage, "quick", gpu="NVIDIA H200") == h200
+    assert results.newest_baseline(storage, "quick", gpu="NVIDIA H100 80GB HBM3") == h100
+    assert results.newest_baseline(storage, "quick", gpu="NVIDIA GH200 480GB") is None
+
+
+def test_per_gpu_names():
+    assert results.per_gpu_name("tables.md", "NVIDIA H200") == "tables-nvidia-h200.md"
+    assert results.per_gpu_name("llama3.1-8b.png", "NVIDIA H100 80GB HBM3") == "llama3.1-8b-nvidia-h100-80gb-hbm3.png"
+    assert results.per_gpu_name("tables.md", "AMD Radeon Graphics (gfx1151)") == "tables-amd-radeon-graphics-gfx1151.md"
 
 
 def test_store_run_numbers_after_every_stored_run(tmp_path):
@@ -261,6 +279,7 @@ def _fake_bench_run(monkeypatch, benches):
 
     monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
     monkeypatch.setattr(cli, "_plots", lambda *args: [])
+    monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H200")
 
 
 @pytest.mark.parametrize("slowdown, saved", [(1.0, True), (1.5, False)])
@@ -272,6 +291,9 @@ def test_save_stores_only_a_run_that_passed_its_comparison(tmp_path, monkeypatch
     _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", quick)
     # a newer run of another set is not what --quick --compare measures against
     _write_run(storage / "machine" / "0002_baseline.json", "2026-01-02T00:00:00", _scaled(quick, 9.0, {"auto"}))
+    # nor is a newer run of the same set from another GPU of the arch
+    _write_run(storage / "machine" / "0003_quick.json", "2026-01-02T00:00:00", _scaled(quick, 9.0, {"auto"}),
+               gpu="NVIDIA H100 80GB HBM3")
     _fake_bench_run(monkeypatch, _scaled(quick, slowdown, {"auto"}))
     monkeypatch.setattr(cli, "_selected", lambda set_name, models: catalogue.cases("quick")[:1])
     args = argparse.Namespace(set="quick", save=True, compare="newest", pytest_args=["-k", "o"],
@@ -279,8 +301,23 @@ def test_save_stores_only_a_run_that_passed_its_comparison(tmp_path, monkeypatch
     status = cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp")
     assert status == (0 if saved else 1)
     assert "baseline: " + str(storage / "machine" / "0001_quick.json") in (tmp_path / "out" / "compare.txt").read_text()
-    stored = results.newest_baseline(storage, "quick")
-    assert (stored.name == "0003_quick.json") == saved
+    stored = results.newest_baseline(storage, "quick", gpu="NVIDIA H200")
+    assert (stored.name == "0004_quick.json") == saved
+    # the stored run's table is kept under its GPU's name, beside those of the arch's other GPUs
+    assert (storage / "tables-nvidia-h200.md").is_file() == saved and not (storage / "tables.md").exists()
+
+
+def test_compare_without_a_baseline_of_this_gpu_names_the_gpus_that_have_one(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    storage = tmp_path / "sm_90"
+    _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", BASE, gpu="NVIDIA H100 80GB HBM3")
+    _fake_bench_run(monkeypatch, BASE)
+    args = argparse.Namespace(set="quick", save=True, compare="newest", pytest_args=[], inject_slowdown=False)
+    assert cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp") == 2
+    err = capsys.readouterr().err
+    assert "measured on NVIDIA H200" in err and "runs of NVIDIA H100 80GB HBM3" in err
+    assert results.stored_runs(storage) == [storage / "machine" / "0001_quick.json"]  # nothing measured or stored
 
 
 def test_compare_without_an_anchor_gates_the_median(tmp_path):

@@ -6,7 +6,7 @@
                                                when every benchmark passed and any --compare passed)
     python -m w4a16.bench --compare            fail (exit 1) when one of our medians, relative to the same run's
                                                torch matmul, is slower than in the newest stored baseline of this
-                                               set and arch by more than --threshold (10%)
+                                               set, arch and GPU by more than --threshold (10%)
     python -m w4a16.bench --e2e                the end-to-end TTFT / TPOT table instead of the kernel benchmarks
 
 The kernel benchmarks are pytest-benchmark tests (tests/bench/test_kernels.py) run in a child pytest whose
@@ -128,11 +128,16 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
         return 2
     baseline = None
     if args.compare is not None:
+        gpu = _device_name()
         baseline = (Path(args.compare) if args.compare != "newest"
-                    else results.newest_baseline(storage, set_name))
+                    else results.newest_baseline(storage, set_name, gpu=gpu))
         if baseline is None or not baseline.is_file():
-            print(f"error: --compare: no stored baseline of set {set_name!r} under {storage} (store one with "
-                  f"--save --set {set_name})", file=sys.stderr)
+            others = sorted({g for p in results.stored_runs(storage)
+                             if p.stem.split("_", 1)[-1] == set_name and (g := results.recorded_gpu(p))} - {gpu})
+            print(f"error: --compare: no stored baseline of set {set_name!r} measured on {gpu} under {storage}"
+                  + (f" (it holds runs of {', '.join(others)}, which this GPU's times are not compared with)"
+                     if others else "")
+                  + f"; store one with --save --set {set_name}", file=sys.stderr)
             return 2
     json_path = out / f"{arch}-{set_name}-{stamp}.json"
     command = [
@@ -183,13 +188,20 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
         if status == 0:
             stored = results.store_run(json_path, storage, set_name)
             for path in [out / "tables.md", *plots]:
-                shutil.copy2(path, storage / path.name)
+                shutil.copy2(path, storage / results.per_gpu_name(path.name, device))
             print(f"bench: saved {stored}")
         else:
             print("bench: NOT saved: " + ("the comparison failed" if rc == 0 else f"pytest exited with {rc}"),
                   file=sys.stderr)
     print(f"bench: results in {out}")
     return status
+
+
+def _device_name() -> str:
+    """The GPU's name as the stored runs record it (tests/bench/conftest.py)."""
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def _build_skinny() -> None:

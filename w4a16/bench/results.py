@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -102,14 +103,18 @@ def load_run(path: str | Path) -> Run:
     return Run(path, data.get("datetime", ""), data.get("machine_info", {}), records)
 
 
-def _stamp(run_path: Path) -> float | None:
-    """The run's datetime as a timestamp; None for a file that is not a pytest-benchmark run."""
+def _stored(run_path: Path) -> tuple[float, str | None] | None:
+    """A stored run's datetime as a timestamp and the GPU it recorded (None where it recorded none); None for a
+    file that is not a pytest-benchmark run."""
     try:
         data = json.loads(run_path.read_text())
         if not isinstance(data, dict) or "benchmarks" not in data:
             return None
-        return datetime.fromisoformat(str(data.get("datetime", "")).replace("Z", "+00:00")).timestamp()
-    except (OSError, ValueError):
+        stamp = datetime.fromisoformat(str(data.get("datetime", "")).replace("Z", "+00:00")).timestamp()
+        machine = data.get("machine_info")
+        gpu = machine.get("w4a16", {}).get("gpu") if isinstance(machine, dict) else None
+        return stamp, gpu
+    except (OSError, ValueError, AttributeError):
         return None
 
 
@@ -118,14 +123,32 @@ def stored_runs(storage: str | Path) -> list[Path]:
     storage = Path(storage)
     if not storage.is_dir():
         return []
-    stamped = [(stamp, str(p), p) for p in storage.rglob("*.json") if (stamp := _stamp(p)) is not None]
+    stamped = [(info[0], str(p), p) for p in storage.rglob("*.json") if (info := _stored(p)) is not None]
     return [p for _, _, p in sorted(stamped)]
 
 
-def newest_baseline(storage: str | Path, set_name: str | None = None) -> Path | None:
+def recorded_gpu(run_path: str | Path) -> str | None:
+    """The GPU name a stored run recorded (as torch.cuda.get_device_name() gave it), or None."""
+    info = _stored(Path(run_path))
+    return info[1] if info else None
+
+
+def per_gpu_name(name: str, gpu: str) -> str:
+    """The name under which a stored run's table or plot is kept beside the runs of other GPUs of the same arch:
+    'tables.md' on an 'NVIDIA H200' -> 'tables-nvidia-h200.md'."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}-{slug}.{suffix}" if dot else f"{name}-{slug}"
+
+
+def newest_baseline(storage: str | Path, set_name: str | None = None, gpu: str | None = None) -> Path | None:
     """The newest stored run of a storage folder (by the datetime pytest-benchmark recorded), or None; with
-    `set_name`, the newest stored run of that case set (files NNNN_<set>.json)."""
+    `set_name`, the newest stored run of that case set (files NNNN_<set>.json); with `gpu`, the newest measured
+    on that GPU. One arch's folder holds the runs of every GPU of that arch (an H100 and an H200 are both sm_90),
+    and compare() refuses a baseline from another GPU, so --compare picks this GPU's own."""
     runs = [p for p in stored_runs(storage) if set_name is None or p.stem.split("_", 1)[-1] == set_name]
+    if gpu is not None:
+        runs = [p for p in runs if recorded_gpu(p) == gpu]
     return runs[-1] if runs else None
 
 
