@@ -307,6 +307,49 @@ def test_save_stores_only_a_run_that_passed_its_comparison(tmp_path, monkeypatch
     assert (storage / "tables-nvidia-h200.md").is_file() == saved and not (storage / "tables.md").exists()
 
 
+@pytest.mark.parametrize("again_factors, status", [((1.0,), 0), ((1.5, 1.02), 0), ((1.5, 1.5), 1)])
+def test_a_regression_must_reproduce_when_measured_again(tmp_path, monkeypatch, again_factors, status):
+    import argparse
+
+    storage = tmp_path / "sm_90"
+    _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", BASE)
+    calls = []
+
+    def fake_pytest(command, **kwargs):
+        [json_arg] = [a for a in command if a.startswith("--benchmark-json=")]
+        targets = [a for a in command if "test_kernels.py" in a]
+        calls.append(targets)
+        if len(calls) == 1:  # the whole set: o at M = 1 regressed by 1.5x, M = 256 as before
+            benches = [b if b["extra_info"]["M"] == 256 else _scaled([b], 1.5, {"auto", "skinny"})[0] for b in BASE]
+        else:  # measured again: only the regressed shape's benchmarks, every backend
+            factor = again_factors[len(calls) - 2]
+            benches = _scaled([b for b in BASE if b["extra_info"]["M"] == 1], factor, {"auto", "skinny"})
+        _write_run(Path(json_arg.split("=", 1)[1]), "2026-01-03T00:00:00", benches)
+        return 0
+
+    monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
+    monkeypatch.setattr(cli, "_plots", lambda *args: [])
+    monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(cli, "_selected", lambda set_name, models: catalogue.cases("quick")[:1])
+    args = argparse.Namespace(set="quick", save=True, compare="newest", pytest_args=["-k", "o"],
+                              inject_slowdown=False)
+    assert cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp") == status
+    # measured again until it passes or CONFIRM_RUNS fresh measurements all regressed; only the M = 1 shape
+    assert len(calls) == 1 + min(len(again_factors), cli.CONFIRM_RUNS)
+    assert calls[0][0].endswith("test_kernels.py")
+    assert all(len(t) == 4 and all("M1-" in x for x in t) for t in calls[1:])
+    report = (tmp_path / "out" / "compare.txt").read_text()
+    assert "measured again" in report and ("compare: PASS" if status == 0 else "compare: FAIL") in report
+    stored = results.newest_baseline(storage, "quick", gpu="NVIDIA H200")
+    if status == 0:  # what is stored is the better measurement, with the rest of the first run
+        run = results.load_run(stored)
+        assert stored.name == "0002_quick.json" and len(run.records) == len(BASE)
+        auto_m1 = run.records[("llama3.1-8b", "o", 4096, 4096, 1, "bf16", 128, True, "auto")]
+        assert auto_m1.seconds == pytest.approx(10e-6 * again_factors[-1])
+    else:
+        assert stored.name == "0001_quick.json"
+
+
 def test_compare_without_a_baseline_of_this_gpu_names_the_gpus_that_have_one(tmp_path, monkeypatch, capsys):
     import argparse
 

@@ -97,10 +97,56 @@ def load_run(path: str | Path) -> Run:
             seconds = info["us_per_call"] / 1e6
         if seconds is None or not math.isfinite(seconds) or seconds <= 0:
             continue
-        r = Record(info["model"], info["layer"], int(info["N"]), int(info["K"]), int(info["M"]), info["dtype"],
-                   int(info["group_size"]), bool(info["symmetric"]), info["backend"], float(seconds))
+        r = Record(*_info_key(info), float(seconds))
         records[r.key] = r
     return Run(path, data.get("datetime", ""), data.get("machine_info", {}), records)
+
+
+def _info_key(info: dict) -> tuple:
+    """A benchmark's case key (Record.key) from its extra_info."""
+    return (info["model"], info["layer"], int(info["N"]), int(info["K"]), int(info["M"]), info["dtype"],
+            int(info["group_size"]), bool(info["symmetric"]), info["backend"])
+
+
+def _shape_of(bench: dict) -> tuple | None:
+    """A benchmark's case key less the backend (the cases measured side by side), or None for a foreign one."""
+    info = bench.get("extra_info") or {}
+    return _info_key(info)[:-1] if all(f in info for f in KEY_FIELDS) else None
+
+
+def benchmark_names(run_path: str | Path, shapes: set[tuple]) -> list[str]:
+    """The test names (test_gemm[...]) of a run's benchmarks of these shapes, every backend."""
+    data = json.loads(Path(run_path).read_text())
+    return [b["name"] for b in data.get("benchmarks", []) if _shape_of(b) in shapes]
+
+
+def keep_better(run_path: str | Path, again_path: str | Path, baseline: Run, threshold: float,
+                shapes: set[tuple]) -> list[str]:
+    """Per shape, keep the better of two measurements of a run: the shape's benchmarks in `run_path` are replaced
+    by those of `again_path` (the same shapes measured again) where the worst change of ours against `baseline`,
+    relative to the anchor, is smaller there. Rewrites `run_path`; returns a line per shape saying what was seen."""
+    first, again = load_run(run_path), load_run(again_path)
+
+    def worst(run: Run) -> dict[tuple, float]:
+        out: dict[tuple, float] = {}
+        for c in compare(run, baseline, threshold).changes:
+            if c.gated and c.key[:-1] in shapes:
+                out[c.key[:-1]] = max(out.get(c.key[:-1], 0.0), c.relative_ratio)
+        return out
+
+    before, after = worst(first), worst(again)
+    better = {s for s in shapes if s in after and after[s] < before.get(s, math.inf)}
+    data = json.loads(Path(run_path).read_text())
+    again_benches = json.loads(Path(again_path).read_text()).get("benchmarks", [])
+    data["benchmarks"] = ([b for b in data.get("benchmarks", []) if _shape_of(b) not in better]
+                          + [b for b in again_benches if _shape_of(b) in better])
+    Path(run_path).write_text(json.dumps(data, indent=4))
+    lines = []
+    for shape in sorted(shapes, key=str):
+        seen = f"{before.get(shape, math.nan) - 1:+.1%}, then {after.get(shape, math.nan) - 1:+.1%}"
+        lines.append(f"  {_key_text((*shape, '')).rstrip()}: worst change of ours relative to the anchor {seen}"
+                     f" ({'the second kept' if shape in better else 'the first kept'})")
+    return lines
 
 
 def _stored(run_path: Path) -> tuple[float, str | None] | None:
