@@ -21,7 +21,7 @@ if [ "${1:-1}" = 1 ]; then
   python3 -m pytest -q -p no:cacheprovider -m alone tests/csrc/test_skinny_gpu.py 2>&1 \
     | tee "$OUT/pytest-errors.log" | tail -5; step pytest-error-paths $?
   python3 -m w4a16 info 2>&1 | tee "$OUT/info.log"
-  # Against the newest stored quick baseline; stored as the next one only if it passes.
+  # Against the newest stored quick baseline of this GPU; stored as the next one only if it passes.
   python3 -m w4a16.bench --quick --compare --save --no-build > "$OUT/bench-compare.log" 2>&1
   step "bench-compare-save (expect 0)" $?
   python3 -m w4a16.bench --quick --compare --inject-slowdown --no-build > "$OUT/bench-slowdown.log" 2>&1
