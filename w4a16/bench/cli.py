@@ -134,8 +134,7 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
         baseline = (Path(args.compare) if args.compare != "newest"
                     else results.newest_baseline(storage, set_name, gpu=gpu))
         if baseline is None or not baseline.is_file():
-            others = sorted({g for p in results.stored_runs(storage)
-                             if p.stem.split("_", 1)[-1] == set_name and (g := results.recorded_gpu(p))} - {gpu})
+            others = sorted(results.stored_gpus(storage, set_name) - {gpu})
             print(f"error: --compare: no stored baseline of set {set_name!r} measured on {gpu} under {storage}"
                   + (f" (it holds runs of {', '.join(others)}, which this GPU's times are not compared with)"
                      if others else "")

@@ -192,10 +192,20 @@ def newest_baseline(storage: str | Path, set_name: str | None = None, gpu: str |
     `set_name`, the newest stored run of that case set (files NNNN_<set>.json); with `gpu`, the newest measured
     on that GPU. One arch's folder holds the runs of every GPU of that arch (an H100 and an H200 are both sm_90),
     and compare() refuses a baseline from another GPU, so --compare picks this GPU's own."""
-    runs = [p for p in stored_runs(storage) if set_name is None or p.stem.split("_", 1)[-1] == set_name]
+    runs = [p for p in stored_runs(storage) if set_name is None or _set_of(p) == set_name]
     if gpu is not None:
         runs = [p for p in runs if recorded_gpu(p) == gpu]
     return runs[-1] if runs else None
+
+
+def stored_gpus(storage: str | Path, set_name: str) -> set[str]:
+    """The GPUs that a storage folder holds runs of this case set from."""
+    return {gpu for p in stored_runs(storage) if _set_of(p) == set_name and (gpu := recorded_gpu(p))}
+
+
+def _set_of(run_path: Path) -> str:
+    """The case set of a stored run, from its name (NNNN_<set>.json)."""
+    return run_path.stem.split("_", 1)[-1]
 
 
 def store_run(run_json: str | Path, storage: str | Path, set_name: str) -> Path:
