@@ -350,6 +350,23 @@ def test_a_regression_must_reproduce_when_measured_again(tmp_path, monkeypatch, 
         assert stored.name == "0001_quick.json"
 
 
+def test_a_selection_that_measures_nothing_fails_clearly(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    def fake_pytest(command, **kwargs):  # as pytest-benchmark leaves it when -k deselects every case
+        [json_arg] = [a for a in command if a.startswith("--benchmark-json=")]
+        Path(json_arg.split("=", 1)[1]).write_text("")
+        return 5
+
+    monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
+    args = argparse.Namespace(set="quick", save=True, compare=None, pytest_args=["-k", "no-such-case"],
+                              inject_slowdown=False)
+    tmp_path.joinpath("out").mkdir()
+    assert cli._run_kernels(args, "sm_90", None, 0.10, tmp_path / "sm_90", tmp_path / "out", "stamp") == 1
+    assert "no benchmark was selected (pytest exit status 5; its arguments: -k no-such-case)" in capsys.readouterr().err
+    assert not (tmp_path / "sm_90").exists()
+
+
 def test_compare_without_a_baseline_of_this_gpu_names_the_gpus_that_have_one(tmp_path, monkeypatch, capsys):
     import argparse
 

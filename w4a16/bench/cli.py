@@ -161,11 +161,15 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
     t0 = time.perf_counter()
     rc = subprocess.call(pytest_command(json_path, [str(BENCH_TESTS)]), cwd=REPO_ROOT, env=env)
     print(f"bench: pytest finished in {time.perf_counter() - t0:.0f} s with exit status {rc}", flush=True)
-    if not json_path.is_file():
+    if rc == 5:  # pytest's "no tests": the selection (-k ...) left nothing to measure
+        print(f"error: no benchmark was selected (pytest exit status 5; its arguments: "
+              f"{' '.join(args.pytest_args) or 'none'}); nothing was measured", file=sys.stderr)
+        return 1
+    try:
+        current = results.load_run(json_path)
+    except (OSError, ValueError):
         print(f"error: pytest wrote no results ({json_path})", file=sys.stderr)
         return rc or 1
-
-    current = results.load_run(json_path)
     status = 0 if rc == 0 else 1
     report = None
     if baseline is not None:
