@@ -183,8 +183,8 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
             if rc != 0 or not shapes:
                 break
             # A regression must reproduce: the regressed shapes (every backend, so the anchor too) are measured
-            # again in a fresh process, with new allocations. Identical code has read a large-M case 358 and
-            # 403 µs a minute apart (H100, Llama down M = 2048, torch unchanged; README, "Benchmarks").
+            # again in a fresh process. Identical code has read a large-M case 358 and 403 µs a minute apart
+            # (H100, Llama down M = 2048, torch unchanged, the power cap active; README, "Benchmarks").
             again = json_path.with_name(f"{json_path.stem}-again{attempt}.json")
             targets = [f"{BENCH_TESTS}::{name}" for name in results.benchmark_names(json_path, shapes)]
             print(f"bench: {len(shapes)} regressed shape(s) of ours: measuring them again in a fresh process "
