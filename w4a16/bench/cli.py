@@ -289,9 +289,7 @@ def _run_e2e(names: list[str], out: Path, storage: Path | None, stamp: str) -> i
     print(f"e2e: {', '.join(names)}; prompts {e2e.PROMPT_LENGTHS}, {e2e.DECODE_TOKENS} decode tokens", flush=True)
     measured = e2e.run(names, device="cuda", log=lambda m: print(m, flush=True))
     table = e2e.format_table(measured)
-    import torch
-
-    device = torch.cuda.get_device_name()
+    device = _device_name()
     text = (f"# w4a16 end to end, batch 1: {device}, {stamp}\n\n"
             "TTFT: prefill replayed as a CUDA graph (eager beside it); TPOT: 128 greedy steps after a 128-token "
             "prompt, the decode step replayed as a CUDA graph; static KV cache; random weights.\n\n" + table + "\n")
@@ -301,7 +299,7 @@ def _run_e2e(names: list[str], out: Path, storage: Path | None, stamp: str) -> i
     (out / f"e2e-{stamp}.json").write_text(json.dumps(payload, indent=2))
     if storage is not None:
         storage.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(out / "e2e.md", storage / "e2e.md")
+        shutil.copy2(out / "e2e.md", storage / results.per_gpu_name("e2e.md", device))
         shutil.copy2(out / f"e2e-{stamp}.json", storage / f"e2e-{stamp}.json")
     ok = all(r.finite for r in measured)
     if not ok:
