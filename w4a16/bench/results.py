@@ -166,11 +166,16 @@ def _stored(run_path: Path) -> tuple[float, str | None] | None:
 
 def stored_runs(storage: str | Path) -> list[Path]:
     """The pytest-benchmark runs under a storage folder (any machine-id subfolder), oldest first."""
+    return [path for path, _ in _stored_with_gpus(storage)]
+
+
+def _stored_with_gpus(storage: str | Path) -> list[tuple[Path, str | None]]:
+    """stored_runs, each with the GPU it recorded; every file read once."""
     storage = Path(storage)
     if not storage.is_dir():
         return []
-    stamped = [(info[0], str(p), p) for p in storage.rglob("*.json") if (info := _stored(p)) is not None]
-    return [p for _, _, p in sorted(stamped)]
+    stamped = [(info[0], str(p), p, info[1]) for p in storage.rglob("*.json") if (info := _stored(p)) is not None]
+    return [(p, gpu) for _, _, p, gpu in sorted(stamped)]
 
 
 def recorded_gpu(run_path: str | Path) -> str | None:
@@ -192,15 +197,14 @@ def newest_baseline(storage: str | Path, set_name: str | None = None, gpu: str |
     `set_name`, the newest stored run of that case set (files NNNN_<set>.json); with `gpu`, the newest measured
     on that GPU. One arch's folder holds the runs of every GPU of that arch (an H100 and an H200 are both sm_90),
     and compare() refuses a baseline from another GPU, so --compare picks this GPU's own."""
-    runs = [p for p in stored_runs(storage) if set_name is None or _set_of(p) == set_name]
-    if gpu is not None:
-        runs = [p for p in runs if recorded_gpu(p) == gpu]
+    runs = [p for p, run_gpu in _stored_with_gpus(storage)
+            if (set_name is None or _set_of(p) == set_name) and (gpu is None or run_gpu == gpu)]
     return runs[-1] if runs else None
 
 
 def stored_gpus(storage: str | Path, set_name: str) -> set[str]:
     """The GPUs that a storage folder holds runs of this case set from."""
-    return {gpu for p in stored_runs(storage) if _set_of(p) == set_name and (gpu := recorded_gpu(p))}
+    return {gpu for p, gpu in _stored_with_gpus(storage) if _set_of(p) == set_name and gpu}
 
 
 def _set_of(run_path: Path) -> str:
