@@ -5,7 +5,7 @@
     python3 tests/csrc/ab_skinny.py HEAD . --layer llama_gate_up
     python3 tests/csrc/ab_skinny.py old/ .                 # a directory holding a csrc/ (no git history needed)
     python3 tests/csrc/ab_skinny.py . tests/csrc/variants/*.patch   # the working tree's csrc/ with each patch
-    python3 tests/csrc/ab_skinny.py --export DIR tests/csrc/variants/quad-meta.patch  # DIR/csrc, the patch applied
+    python3 tests/csrc/ab_skinny.py --export DIR tests/csrc/variants/bound-no-meta-loads.patch  # DIR/csrc, patched
 
 Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
 cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`

@@ -3,7 +3,7 @@
 # exists). Two steps, each one device call of its own (about 5-8 minutes each on an H200):
 #
 #   bash tests/csrc/variants_round.sh ab             # A/B: the working tree's kernel against every variant
-#   bash tests/csrc/variants_round.sh check quad-meta  # one variant's full round: build, GPU tests, sanitizer, timings
+#   bash tests/csrc/variants_round.sh check NAME     # one variant's full round: build, GPU tests, sanitizer, timings
 #
 # `check` runs tests/csrc/gpu_round.sh in a copy of the tree with the patch applied, so the working tree is never
 # edited (the GPU tests cover what the A/B harness does not time: asymmetric G = 128, clusters, odd shapes).
