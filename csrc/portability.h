@@ -158,8 +158,12 @@ struct alignas(16) Words4 {
   uint32_t w[4];
 };
 
-// 16-byte load of weight data that is read exactly once: keep it out of L1 (and mark it non-temporal on AMD) so
-// the staged activations and the scales keep the caches.
+// 16-byte load of weight data that is read exactly once (marked non-temporal on AMD). On NVIDIA it stays out of L1
+// unless kAllocateL1, and L2 fetches its 128-byte line (L2::128B). Both timed on an H100 (csrc/PERF.md, "The
+// weight loads' cache hints"): against L2::256B the 128-byte hint was up to 5% faster (Llama gate_up at M = 1:
+// 2%); letting the weights into L1 was 8-20% faster with G < 128, whose lanes load scattered scales and zero
+// points, and from 5% faster to 2% slower with G = 128 (Llama down, Llama gate_up), so only G < 128 does it.
+template <bool kAllocateL1 = false>
 __device__ __forceinline__ Words4 load_stream(const Words4* p) {
   Words4 r;
 #if defined(W4A16_HIP)
@@ -167,10 +171,14 @@ __device__ __forceinline__ Words4 load_stream(const Words4* p) {
   v4u v = __builtin_nontemporal_load(reinterpret_cast<const v4u*>(p));
   r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
 #else
-  // L2::256B: the rest of the row's 256-byte segment comes along (the neighbouring k-steps, read next).
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
-               : "l"(p));
+  if constexpr (kAllocateL1)
+    asm volatile("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                 : "l"(p));
 #endif
   return r;
 }

@@ -128,7 +128,7 @@ __device__ __forceinline__ void load_unit(Unit& u, const Rows& r, const Words4* 
   for (int s = 0; s < kSubTiles; ++s)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      u.w[s][h] = load_stream(qweight + r.chunk[s][h] + c);
+      u.w[s][h] = load_stream<(G < kStepK)>(qweight + r.chunk[s][h] + c);  // in L1 with G < 128: see load_stream
       u.scale[s][h] = load_cached(scales + r.meta[s][h] + group);
       u.zero[s][h] = kSymmetric ? uint8_t(8) : load_cached(zeros + r.meta[s][h] + group);
     }

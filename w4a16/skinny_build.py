@@ -60,7 +60,8 @@ _PTX_PATTERNS = {
     "cvt.f32.f16 (conversions)": r"\bcvt\.f32\.f16\b",
     "cvt.rn.f32.[su]32 (int->float: zero points and indices only)": r"\bcvt\.rn\.f32\.[su]32\b",
     "shfl.sync.bfly": r"\bshfl\.sync\.bfly\b",
-    "ld.global.nc.L1::no_allocate.v4 (16-byte weight loads)": r"\bld\.global\.nc\.L1::no_allocate(?:\.L2::\d+B)?\.v4\b",
+    "ld.global.nc.v4 (16-byte weight loads; L1::no_allocate where G = 128)":
+        r"\bld\.global\.nc(?:\.L1::no_allocate)?(?:\.L2::\d+B)?\.v4\b",
     "ld.shared.v4": r"\bld\.shared\.v4\b",
 }
 
