@@ -146,9 +146,22 @@ void time_layer(const char* name, int n, int k, int sms) {
   fill_floats<Tag><<<256, 256>>>(x, (size_t)M * k, 99u, -1.f, 1.f);
   const int blocks = std::min(sms, (n + 15) / 16);
   auto launch = [&](int c, cudaStream_t stream) {
-    kernel<<<blocks, tensor_core::kThreads, shared, stream>>>(
-        x, reinterpret_cast<const Words4*>(qweight(c)), reinterpret_cast<const uint16_t*>(scales(c)),
-        kSymmetric ? nullptr : reinterpret_cast<const uint8_t*>(zeros(c)), nullptr, out + (size_t)c * M * n, n, k);
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(tensor_core::kThreads);
+    config.dynamicSmemBytes = shared;
+    config.stream = stream;
+#if defined(W4A16_PROGRAMMATIC_LAUNCH)  // a version of the kernel that waits for the kernel ahead of it
+    cudaLaunchAttribute programmatic{};
+    programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    programmatic.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &programmatic;
+    config.numAttrs = 1;
+#endif
+    CHECK(cudaLaunchKernelEx(&config, kernel, (const uint16_t*)x, reinterpret_cast<const Words4*>(qweight(c)),
+                             reinterpret_cast<const uint16_t*>(scales(c)),
+                             kSymmetric ? nullptr : reinterpret_cast<const uint8_t*>(zeros(c)),
+                             (const uint16_t*)nullptr, out + (size_t)c * M * n, n, k));
   };
   const float us = graph_per_call_us(launch, copies, std::max(1, 64 / copies + 1), 15);
   std::vector<uint16_t> y((size_t)M * n);
