@@ -66,24 +66,34 @@ struct LaunchShape {
 };
 
 #if defined(W4A16_CUDA)
-// A launch configuration in clusters of `cluster` blocks; a cluster of 1 carries no attribute, so it launches
-// exactly as without clusters. Not copyable: the configuration points at its own attribute.
-struct ClusterLaunch {
-  cudaLaunchAttribute attribute;
+// A launch configuration, in clusters of `cluster` blocks; a cluster of 1 carries no cluster attribute, so it
+// launches exactly as without clusters. `programmatic`: the kernel may start before the one ahead of it on the
+// stream has finished (it waits for it itself: skinny_mma.cuh, wait_for_preceding_grid). Not copyable: the
+// configuration points at its own attributes.
+struct KernelLaunch {
+  cudaLaunchAttribute attributes[2];
   cudaLaunchConfig_t config;
-  ClusterLaunch(int blocks, int cluster, int threads, int shared_bytes, cudaStream_t stream) : config{} {
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = cluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
+  KernelLaunch(int blocks, int cluster, int threads, int shared_bytes, cudaStream_t stream, bool programmatic = false)
+      : attributes{}, config{} {
     config.gridDim = dim3(blocks);
     config.blockDim = dim3(threads);
     config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = cluster > 1 ? 1 : 0;
+    config.attrs = attributes;
+    if (cluster > 1) {
+      cudaLaunchAttribute& a = attributes[config.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = cluster;
+      a.val.clusterDim.y = 1;
+      a.val.clusterDim.z = 1;
+    }
+    if (programmatic) {
+      cudaLaunchAttribute& a = attributes[config.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;
+  KernelLaunch(const KernelLaunch&) = delete;
 };
 
 // How many clusters of `size` blocks the device runs at once. A cluster's blocks share a GPC, so this is below
@@ -97,7 +107,7 @@ int max_active_clusters(const void* kernel, int size, int threads, int shared_by
   if (device < 0 || size > 4) return 0;
   if (!cached[device][size]) {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    const ClusterLaunch launch(size, size, threads, shared_bytes, nullptr);
+    const KernelLaunch launch(size, size, threads, shared_bytes, nullptr);
     int count = 0;
     if (major < 9 || cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config) != cudaSuccess) {
       cudaGetLastError();  // clear it: the launcher then falls back to single blocks
@@ -181,14 +191,32 @@ bool allow_shared_bytes(Kernel kernel, int bytes, int (&opted_in)[kMaxDevices], 
   return true;
 }
 
+#if defined(W4A16_CUDA)
+// Whether `kernel`, as loaded on the current device, waits for the kernel ahead of it on the stream, so that it may
+// be launched programmatically: skinny_mma.cuh compiles the wait for sm_90 and later, that is PTX version >= 90
+// (a build for an older arch JIT-compiled for this device has none). Cached per device in `cached` (1 yes, -1 no).
+template <typename Kernel>
+bool waits_for_preceding_grid(Kernel kernel, signed char (&cached)[kMaxDevices]) {
+  const int device = current_device();
+  if (device >= 0 && cached[device]) return cached[device] > 0;
+  cudaFuncAttributes attributes{};
+  const bool waits = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) == cudaSuccess &&
+                     attributes.ptxVersion >= 90;
+  if (!waits) cudaGetLastError();  // clear a failed query: the launch then runs in stream order, as any other
+  if (device >= 0) cached[device] = waits ? 1 : -1;
+  return waits;
+}
+#endif
+
 template <typename Kernel>
 SkinnyStatus launch_kernel(Kernel kernel, const LaunchShape& shape, const SkinnyArgs& a, gpuStream_t stream,
-                           const char** error) {
+                           bool programmatic, const char** error) {
 #if defined(W4A16_CUDA)
-  const ClusterLaunch launch(shape.blocks, shape.cluster, shape.threads, shape.shared_bytes, stream);
+  const KernelLaunch launch(shape.blocks, shape.cluster, shape.threads, shape.shared_bytes, stream, programmatic);
   cudaLaunchKernelEx(&launch.config, kernel, a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales, a.zeros,
                      a.bias, a.out, a.n, a.k);
 #else
+  (void)programmatic;
   kernel<<<shape.blocks, shape.threads, shape.shared_bytes, stream>>>(
       a.x, reinterpret_cast<const Words4*>(a.qweight), a.scales, a.zeros, a.bias, a.out, a.n, a.k);
 #endif
@@ -207,20 +235,22 @@ SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** er
   auto single = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
   auto clustered = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, true>;
   static int single_opted_in[kMaxDevices] = {}, clustered_opted_in[kMaxDevices] = {};
+  static signed char waits[kMaxDevices] = {};  // both forms are compiled alike
   if (!allow_shared_bytes(single, shared_bytes, single_opted_in, error) ||
       !allow_shared_bytes(clustered, shared_bytes, clustered_opted_in, error))
     return SkinnyStatus::launch_failed;
   const LaunchShape shape = launch_shape<M>(a, reinterpret_cast<const void*>(clustered));
   if (shape.blocks == 0) return SkinnyStatus::no_clusters;
-  return shape.cluster > 1 ? launch_kernel(clustered, shape, a, stream, error)
-                           : launch_kernel(single, shape, a, stream, error);
+  const bool programmatic = waits_for_preceding_grid(single, waits);
+  return shape.cluster > 1 ? launch_kernel(clustered, shape, a, stream, programmatic, error)
+                           : launch_kernel(single, shape, a, stream, programmatic, error);
 #else
   auto kernel = skinny_gemm_kernel<Tag, G, kSymmetric, M>;
   static int opted_in[kMaxDevices] = {};
   if (!allow_shared_bytes(kernel, shared_bytes, opted_in, error)) return SkinnyStatus::launch_failed;
   const LaunchShape shape = launch_shape<M>(a, nullptr);
   if (shape.blocks == 0) return SkinnyStatus::no_clusters;
-  return launch_kernel(kernel, shape, a, stream, error);
+  return launch_kernel(kernel, shape, a, stream, false, error);
 #endif
 }
 

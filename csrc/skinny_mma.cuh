@@ -310,6 +310,20 @@ __device__ __forceinline__ void copy_async_16(Words4* dst, const Words4* src) {
 // Waits for this thread's cp.async copies; they are then visible to it (other lanes: after __syncwarp).
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Programmatic dependent launch (sm_90 and later). The launcher (skinny_kernel.cu) sets the programmatic-
+// serialization attribute where the loaded kernel was compiled with this wait, so a block may start while the
+// kernel ahead of it on the stream is still finishing. The wait returns once that kernel has completed and its
+// writes are visible, so no global memory may be touched before it: x, the weights, bias and the output alike
+// (tests/csrc/test_device_compile.py checks the SASS for it). Starting early saved 2-5% on the small layers on an
+// H100; reading the weights before the wait gained nothing more, and early triggers only help back-to-back calls of
+// this kernel, as a benchmark makes them (csrc/PERF.md, "Programmatic dependent launch").
+#define W4A16_PROGRAMMATIC_LAUNCH 1  // the timing harness (tests/csrc/time_skinny.cu) launches alike where defined
+__device__ __forceinline__ void wait_for_preceding_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Requests every piece of this warp's slices into xs (none past K when G < 128: mma_unit reads zeros there).
 template <int G, int M>
 __device__ __forceinline__ void copy_x_slices(Words4* xs, const uint16_t* __restrict__ x, int step_begin, int steps,
@@ -376,6 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   Unit ring[kPipelineDepth];
+  wait_for_preceding_grid();  // before the first global access: what comes before is index arithmetic
 #pragma unroll
   for (int d = 0; d < kPipelineDepth; ++d) load_next(ring[d]);
   // Each warp stages the part of x its own k-steps read, while its first units' weights are in flight. No other

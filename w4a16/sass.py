@@ -27,6 +27,11 @@ _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.M)
 _BRANCH_TARGET = re.compile(r"\bBRA (0x[0-9a-f]+)")
 # 16-byte global loads into registers (the weight stream); LDGSTS (cp.async) writes shared memory instead.
 _WEIGHT_LOAD = re.compile(r"^(?:@!?U?P\w+ )?LDG\.E\S*\.128\b")
+# griddepcontrol.wait: the kernel waits for the one ahead of it on the stream (programmatic dependent launch).
+_GRID_WAIT = re.compile(r"^ACQBULK\b")
+# Instructions that touch global memory: loads, stores, cp.async (LDGSTS), atomics and reductions, generic accesses
+# and the bulk/TMA copies.
+_GLOBAL_ACCESS = re.compile(r"^(?:@!?U?P\w+ )?(?:LDG|STG|LDGSTS|ATOMG|ATOM|RED|LD|ST|UBLKCP|UTMALDG|UTMASTG)\b")
 
 
 class Instruction(NamedTuple):
@@ -97,3 +102,19 @@ def refill_waits(instructions: list[Instruction]) -> list[Instruction] | None:
             raise ValueError("a 16-byte global load in the loop sets no scoreboard: not an sm_70+ control word")
         waits += [i for i in body[first + 1:] if any(i.waits_on(s) for s in scoreboards)]
     return waits
+
+
+def accesses_before_grid_wait(instructions: list[Instruction]) -> list[Instruction] | None:
+    """What a kernel launched programmatically does before it waits for the kernel ahead of it: the global memory
+    accesses placed before its first griddepcontrol.wait (ACQBULK), and the branches there that jump past it (a path
+    that skips the wait). An empty list: every access comes after the wait. None: the function never waits."""
+    first = next((n for n, i in enumerate(instructions) if _GRID_WAIT.match(i.text)), None)
+    if first is None:
+        return None
+    wait_address = instructions[first].address
+    early = []
+    for i in instructions[:first]:
+        target = _BRANCH_TARGET.search(i.text)
+        if _GLOBAL_ACCESS.match(i.text) or (target and int(target.group(1), 16) > wait_address):
+            early.append(i)
+    return early

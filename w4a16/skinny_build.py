@@ -183,6 +183,11 @@ def asm_stats(arch: str, compiled: dict) -> dict:
             stats["refill_waits"] = {kernel_label(name): None if (waits := sass.refill_waits(instructions)) is None
                                      else len(waits)
                                      for name, instructions in functions.items() if "skinny_gemm_kernel" in name}
+            # Launched programmatically, so nothing may touch global memory before the wait (skinny_mma.cuh): the
+            # accesses (and skipping branches) placed before it, or None where it never waits.
+            stats["before_grid_wait"] = {kernel_label(name): None if (early := sass.accesses_before_grid_wait(
+                                             instructions)) is None else [i.text for i in early]
+                                         for name, instructions in functions.items() if "skinny_gemm_kernel" in name}
         else:
             stats["instructions"] = _count(_PTX_PATTERNS, text)
         regs = [int(v) for v in re.findall(r"skinny_gemm_kernel[^\n]*\n[^\n]*\n[^\n]*Used (\d+) registers", log)]

@@ -104,6 +104,20 @@ def test_weight_ring_waits_once_per_pass(compiled):
     assert not waiting, f"these wait on the refills their own pass issued (see the pre-loop use in skinny_mma.cuh): {waiting}"
 
 
+def test_kernel_waits_for_the_kernel_ahead_before_any_global_access(compiled):
+    """The launcher starts the kernel programmatically (before the kernel ahead of it on the stream has finished),
+    so every instantiation must wait for that kernel (griddepcontrol.wait, SASS ACQBULK) before it reads x, the
+    weights or the bias, or writes its output, and no path may skip the wait (skinny_mma.cuh)."""
+    require_tool(compiled["sm_90"] is not None, _tool_reason("sm_90") or "nvcc")
+    require_tool(compiled["sm_90"]["kind"] == "sass", "cuobjdump (CUDA or Triton's copy) disassembles the sm_90 cubin")
+    early = compiled["sm_90"]["before_grid_wait"]
+    assert len(early) == instantiations("sm_90")
+    never = sorted(label for label, found in early.items() if found is None)
+    assert not never, f"these never wait for the kernel ahead, yet are launched programmatically: {never}"
+    touching = {label: found for label, found in early.items() if found}
+    assert not touching, f"global accesses or branches past the wait, before it: {touching}"
+
+
 def test_host_table_matches_python_parser(tmp_path):
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++-19")
     require_tool(compiler is not None, "a host C++ compiler is needed to read the table through C++")

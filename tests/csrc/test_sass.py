@@ -101,3 +101,31 @@ def test_every_ring_loop_is_checked_and_a_branch_back_from_after_them_is_not_one
     assert sass.refill_waits(sass.functions(listing({"k": two_ring_loops(False)}))["k"]) == []
     [found] = sass.refill_waits(sass.functions(listing({"k": two_ring_loops(True)}))["k"])
     assert found.address == 0xd0 and found.text.startswith("SHF.R.U32.HI R76")
+
+
+def grid_wait_kernel(*before: str) -> list[sass.Instruction]:
+    """A kernel with the given instructions ahead of its griddepcontrol.wait, then a load and a store."""
+    body = [("S2R R0, SR_TID.X", control()), *[(text, control()) for text in before], ("ACQBULK", control()),
+            ("LDG.E R2, desc[UR4][R2.64]", control(write=2)), ("STG.E desc[UR4][R4.64], R7", control(wait=1 << 2)),
+            ("EXIT", control(stall=5))]
+    return sass.functions(listing({"kernel": body}))["kernel"]
+
+
+def test_accesses_after_the_grid_wait_are_clean():
+    assert sass.accesses_before_grid_wait(grid_wait_kernel("LDC.64 R2, c[0x0][0x210]", "LDS.128 R4, [R1]")) == []
+
+
+@pytest.mark.parametrize("access", ["LDG.E.128 R4, desc[UR4][R2.64]", "@P0 STG.E desc[UR4][R4.64], R7",
+                                    "LDGSTS.E.BYPASS.128 [R3], desc[UR4][R8.64]", "RED.E.ADD.STRONG.GPU desc[UR4][R2.64], R5"])
+def test_a_global_access_before_the_grid_wait_is_found(access):
+    assert [i.text for i in sass.accesses_before_grid_wait(grid_wait_kernel(access))] == [access]
+
+
+def test_a_branch_past_the_grid_wait_is_found():
+    # instructions: S2R (0x00), the branch (0x10), ACQBULK (0x20), LDG (0x30): the branch lands on the load
+    assert [i.text for i in sass.accesses_before_grid_wait(grid_wait_kernel("@P0 BRA 0x30"))] == ["@P0 BRA 0x30"]
+
+
+def test_a_kernel_without_the_grid_wait_is_told_apart():
+    body = [("LDG.E R2, desc[UR4][R2.64]", control(write=2)), ("EXIT", control(stall=5))]
+    assert sass.accesses_before_grid_wait(sass.functions(listing({"kernel": body}))["kernel"]) is None
