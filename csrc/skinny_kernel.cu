@@ -196,7 +196,7 @@ bool allow_shared_bytes(Kernel kernel, int bytes, int (&opted_in)[kMaxDevices], 
 // be launched programmatically: skinny_mma.cuh compiles the wait for sm_90 and later, that is PTX version >= 90
 // (a build for an older arch JIT-compiled for this device has none). Cached per device in `cached` (1 yes, -1 no).
 template <typename Kernel>
-bool waits_for_preceding_grid(Kernel kernel, signed char (&cached)[kMaxDevices]) {
+bool kernel_waits_for_preceding_grid(Kernel kernel, signed char (&cached)[kMaxDevices]) {
   const int device = current_device();
   if (device >= 0 && cached[device]) return cached[device] > 0;
   cudaFuncAttributes attributes{};
@@ -241,7 +241,7 @@ SkinnyStatus launch_one(const SkinnyArgs& a, gpuStream_t stream, const char** er
     return SkinnyStatus::launch_failed;
   const LaunchShape shape = launch_shape<M>(a, reinterpret_cast<const void*>(clustered));
   if (shape.blocks == 0) return SkinnyStatus::no_clusters;
-  const bool programmatic = waits_for_preceding_grid(single, waits);
+  const bool programmatic = kernel_waits_for_preceding_grid(single, waits);
   return shape.cluster > 1 ? launch_kernel(clustered, shape, a, stream, programmatic, error)
                            : launch_kernel(single, shape, a, stream, programmatic, error);
 #else
