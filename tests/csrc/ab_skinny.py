@@ -10,15 +10,17 @@
 Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
 cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`
 times each, interleaved so that a drift of the machine's clock or temperature reaches every version alike; a case's
-time is its best pass. The table gives µs per version, each against the first, and flags a case whose reference
-check failed (time_skinny.cu checks sampled rows of every case against float64) or whose checksum differs from
-the first version's (same arithmetic in the same order gives the same checksum). Exit status 1 if any check failed.
+time is its best pass. The table gives µs per version, each against the first (a last row: the geometric mean of
+each version's ratios, and their range), and flags a case whose reference check failed (time_skinny.cu checks
+sampled rows of every case against float64) or whose checksum differs from the first version's (same arithmetic in
+the same order gives the same checksum). Exit status 1 if any check failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import math
 import os
 import re
 import shutil
@@ -89,6 +91,13 @@ def table(names: list[str], results: list[dict[str, Case]]) -> tuple[str, bool]:
                 all_ok = False
             cells.append(cell)
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    # One line to read each version by: the geometric mean of its ratios to the first, and their range.
+    summary = ["-"]
+    for result in results[1:]:
+        ratios = [result[k].us / results[0][k].us for k in result if k in results[0]]
+        summary.append(f"{math.prod(ratios) ** (1 / len(ratios)):.3f}x ({min(ratios):.3f}-{max(ratios):.3f}x)"
+                       if ratios else "-")
+    lines.append("| geometric mean (range) | " + " | ".join(summary) + " |")
     return "\n".join(lines), all_ok
 
 

@@ -47,8 +47,11 @@ def test_table_gives_ratios_checksum_changes_and_failures():
     assert "| 8.50 | 8.10 (0.953x) sum differs |" in rows["llama_qkv M=1"]
     assert "11.00 (1.032x) **FAILED (row 7, x row 2: nan, expected 1.5)**" in rows["llama_qkv fp16 uint4 g32 M=5"]
     assert not all_ok
+    # 8.10 / 8.50 and 11.00 / 10.66: sqrt(0.953 * 1.032) = 0.992
+    assert rows["geometric mean (range)"].endswith("| - | 0.992x (0.953-1.032x) |")
     text, all_ok = ab.table(["a", "b"], [ab.parse(RUN_A), ab.parse(RUN_A)])
     assert all_ok and "sum differs" not in text and "(1.000x)" in text
+    assert "| geometric mean (range) | - | 1.000x (1.000-1.000x) |" in text
 
 
 def test_export_csrc_of_a_revision(tmp_path):
