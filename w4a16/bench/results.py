@@ -178,12 +178,6 @@ def _stored_with_gpus(storage: str | Path) -> list[tuple[Path, str | None]]:
     return [(p, gpu) for _, _, p, gpu in sorted(stamped)]
 
 
-def recorded_gpu(run_path: str | Path) -> str | None:
-    """The GPU name a stored run recorded (as torch.cuda.get_device_name() gave it), or None."""
-    info = _stored(Path(run_path))
-    return info[1] if info else None
-
-
 def per_gpu_name(name: str, gpu: str) -> str:
     """The name under which a stored run's table or plot is kept beside the runs of other GPUs of the same arch:
     'tables.md' on an 'NVIDIA H200' -> 'tables-nvidia-h200.md'."""
