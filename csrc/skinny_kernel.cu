@@ -53,8 +53,8 @@ int multiprocessor_count() {
   if (device < 0) return 1;
   if (!cached[device]) {
     int count = 0;
-    w4a16DeviceGetAttribute(&count, w4a16AttrMultiProcessorCount, device);
-    cached[device] = count > 0 ? count : 1;
+    if (w4a16DeviceGetAttribute(&count, w4a16AttrMultiProcessorCount, device) != w4a16Success || count < 1) count = 1;
+    cached[device] = count;
   }
   return cached[device];
 }
@@ -308,14 +308,14 @@ bool skinny_device_limits(void* stream, int out[2]) {
   const bool ok = hipGetLastError() == hipSuccess &&
                   hipMemcpyAsync(out, device_out, 2 * sizeof(int), hipMemcpyDeviceToHost, s) == hipSuccess &&
                   hipStreamSynchronize(s) == hipSuccess;
-  hipFree(device_out);
+  (void)hipFree(device_out);  // its result changes nothing: the probe's answer is already copied, or not
 #else
   if (cudaMalloc(&device_out, 2 * sizeof(int)) != cudaSuccess) return false;
   skinny_limits_probe<<<1, 1, 0, s>>>(device_out);
   const bool ok = cudaGetLastError() == cudaSuccess &&
                   cudaMemcpyAsync(out, device_out, 2 * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
                   cudaStreamSynchronize(s) == cudaSuccess;
-  cudaFree(device_out);
+  (void)cudaFree(device_out);
 #endif
   return ok;
 }

@@ -2,7 +2,9 @@
 
 `build()` compiles csrc/binding.cpp + csrc/skinny_kernel.cu with `torch.utils.cpp_extension` against the running
 torch, for the GPUs present (`-gencode=arch=compute_90,code=sm_90` on Hopper, never nvcc's generic default;
-`--offload-arch=gfxNNNN` on ROCm), in a cached build directory; loading it registers `torch.ops.w4a16.*`.
+`--offload-arch=gfxNNNN` on ROCm, from a hipified copy of the sources in the build directory), in a cached build
+directory; loading it registers `torch.ops.w4a16.*`. tests/csrc/test_rocm_build.py runs the ROCm build as far as a
+machine without ROCm can: torch's hipify, the ninja file's flags, and the hipified kernel compiled by clang-19.
 
 `asm_summary(arch, out_dir)` needs no GPU and no torch build: it compiles csrc/skinny_kernel.cu for sm_90 (nvcc,
 then cuobjdump when one is found) or gfx1151/gfx1201 (clang-19 HIP with Debian's libamdhip64-dev headers) and
@@ -12,6 +14,7 @@ registers, spills/scratch and shared memory. `python -m w4a16.skinny_build` is w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -276,13 +279,17 @@ def _device_compiler_version(rocm: bool) -> str:
         return f"{tool}: {type(exc).__name__}"
 
 
+def _source_files() -> list[Path]:
+    """csrc/'s sources and headers: everything in it but the notes beside them."""
+    return sorted(path for path in CSRC.glob("*") if path.is_file() and path.suffix != ".md")
+
+
 def _build_digest(archs: list[str], rocm: bool) -> str:
-    """What decides the built library besides torch and the archs: the sources (not the notes beside them), the
-    flags and the device compiler. A library built from anything else is never loaded for this one."""
+    """What decides the built library besides torch and the archs: the sources, the flags and the device compiler.
+    A library built from anything else is never loaded for this one."""
     digest = hashlib.sha256()
-    for path in sorted(CSRC.glob("*")):
-        if path.suffix != ".md":
-            digest.update(path.name.encode() + path.read_bytes())
+    for path in _source_files():
+        digest.update(path.name.encode() + path.read_bytes())
     digest.update(repr((EXTENSION_CFLAGS, _device_flags(archs, rocm), _device_compiler_version(rocm))).encode())
     return digest.hexdigest()[:12]
 
@@ -318,8 +325,12 @@ def library_path(archs: list[str]) -> Path:
 
 
 def arch_flags(archs: list[str], rocm: bool) -> list[str]:
+    """The device compiler's target flags. None on ROCm: there cpp_extension adds `--offload-arch` for each entry
+    of PYTORCH_ROCM_ARCH, which build() sets to these archs. (Unset, torch takes every visible card, or in older
+    releases every architecture torch was built for; it decides before it reads extra_cuda_cflags, so flags given
+    there would come on top of its own.)"""
     if rocm:
-        return [f"--offload-arch={a}" for a in archs]
+        return []
     flags = []
     for a in archs:
         cc = a.removeprefix("sm_")
@@ -340,19 +351,49 @@ def build(verbose: bool = False) -> Path:
         )
     rocm = bool(getattr(torch.version, "hip", None))
     directory = build_directory(archs)
+    # On ROCm, cpp_extension runs torch's hipify, which writes a converted copy of every source and header beside
+    # it (skinny_kernel.hip, portability_hip.h, ...). Given csrc/ itself, that would write into the source tree
+    # (read-only where the package is installed) and change the digest that names this build, so the library
+    # would not be found where it was built. It gets a copy inside the build directory instead.
+    sources = _staged_sources(directory) if rocm else CSRC
     # -Xptxas=-v only prints register counts; the code is the same, so it is not part of the digest.
     verbose_flags = ["-Xptxas=-v"] if verbose and not rocm else []
-    cpp_extension.load(
-        name=EXTENSION_NAME,
-        sources=[str(CSRC / s) for s in EXTENSION_SOURCES],
-        extra_cflags=EXTENSION_CFLAGS,
-        extra_cuda_cflags=_device_flags(archs, rocm) + verbose_flags,
-        extra_include_paths=[str(CSRC)],
-        build_directory=str(directory),
-        is_python_module=False,
-        verbose=verbose,
-    )
+    with _environment({"PYTORCH_ROCM_ARCH": ";".join(archs)} if rocm else {}):
+        cpp_extension.load(
+            name=EXTENSION_NAME,
+            sources=[str(sources / s) for s in EXTENSION_SOURCES],
+            extra_cflags=EXTENSION_CFLAGS,
+            extra_cuda_cflags=_device_flags(archs, rocm) + verbose_flags,
+            extra_include_paths=[str(sources)],
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=verbose,
+        )
     return directory
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """These environment variables set for the duration, then restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _staged_sources(directory: Path) -> Path:
+    """A copy of csrc/'s sources in the build directory (the files the digest naming it was taken over)."""
+    staged = directory / "csrc"
+    staged.mkdir(exist_ok=True)
+    for path in _source_files():
+        shutil.copy2(path, staged / path.name)
+    return staged
 
 
 def main(argv: list[str] | None = None) -> int:
