@@ -37,6 +37,9 @@ def rocm_build(tmp_path, monkeypatch) -> tuple[Path, str]:
     monkeypatch.setattr(skinny_build, "device_archs", lambda: [ARCH])
     monkeypatch.setenv("W4A16_BUILD_DIR", str(tmp_path / "builds"))
     monkeypatch.delenv("PYTORCH_ROCM_ARCH", raising=False)
+    # cpp_extension numbers rebuilds of one extension name per process: a fresh count, so that a real build later in
+    # this process keeps its plain library name.
+    monkeypatch.setattr(cpp_extension, "JIT_EXTENSION_VERSIONER", type(cpp_extension.JIT_EXTENSION_VERSIONER)())
     # The ROCm-only steps: ninja would call hipcc, and loading needs the library it links.
     monkeypatch.setattr(cpp_extension, "verify_ninja_availability", lambda: None)
     monkeypatch.setattr(cpp_extension, "_run_ninja_build", lambda *args, **kwargs: None)
