@@ -4,7 +4,8 @@
 torch, for the GPUs present (`-gencode=arch=compute_90,code=sm_90` on Hopper, never nvcc's generic default;
 `--offload-arch=gfxNNNN` on ROCm, from a hipified copy of the sources in the build directory), in a cached build
 directory; loading it registers `torch.ops.w4a16.*`. tests/csrc/test_rocm_build.py runs the ROCm build as far as a
-machine without ROCm can: torch's hipify, the ninja file's flags, and the hipified kernel compiled by clang-19.
+machine without ROCm can: torch's hipify, the ninja file's flags, the hipified kernel compiled by clang-19 and the
+binding by the host compiler.
 
 `asm_summary(arch, out_dir)` needs no GPU and no torch build: it compiles csrc/skinny_kernel.cu for sm_90 (nvcc,
 then cuobjdump when one is found) or gfx1151/gfx1201 (clang-19 HIP with Debian's libamdhip64-dev headers) and

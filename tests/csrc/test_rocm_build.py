@@ -4,7 +4,7 @@
 sources and torch writes the ninja file with the flags hipcc would get. Only the steps that need ROCm are left out
 (running ninja, loading the library). clang-19 then compiles the hipified kernel with those flags: its device code
 must be what the direct compile of csrc/ gives (the one test_device_compile.py checks), and its host code must
-compile without warnings. The binding (binding_hip.cpp) is not compiled: it needs the ROCm build of torch's headers.
+compile without warnings. The hipified binding compiles against torch's headers as a ROCm torch ships them.
 """
 
 from __future__ import annotations
@@ -24,9 +24,14 @@ from w4a16.skinny_build import CSRC
 ARCH = "gfx1151"
 
 
+def ninja_variable(directory: Path, name: str) -> str:
+    """A variable of the build directory's ninja file (cxx, cflags, post_cflags, cuda_cflags, ...)."""
+    return re.search(rf"^{name} = (.*)$", (directory / "build.ninja").read_text(), re.M).group(1)
+
+
 @pytest.fixture
-def rocm_build(tmp_path, monkeypatch) -> tuple[Path, str]:
-    """build() as on a ROCm machine with one gfx1151: (its build directory, the hipcc flags of its ninja file)."""
+def rocm_build(tmp_path, monkeypatch) -> Path:
+    """build() as on a ROCm machine with one gfx1151: its build directory."""
     from torch.utils import cpp_extension
 
     require_tool(skinny_build.hip_compiler_path() is not None, "clang-19 compiles the hipified kernel")
@@ -47,12 +52,11 @@ def rocm_build(tmp_path, monkeypatch) -> tuple[Path, str]:
     sources_before = sorted(path.name for path in CSRC.iterdir())
     directory = skinny_build.build()
     assert sorted(path.name for path in CSRC.iterdir()) == sources_before, "the build wrote into csrc/"
-    ninja = (directory / "build.ninja").read_text()
-    return directory, re.search(r"^cuda_cflags = (.*)$", ninja, re.M).group(1)
+    return directory
 
 
 def test_rocm_build_is_found_where_it_was_built(rocm_build):
-    directory, _ = rocm_build
+    directory = rocm_build
     # The loader (w4a16.skinny) looks for the library by the digest of csrc/, taken again after the build.
     assert skinny_build.library_path([ARCH]).parent == directory
     ninja = (directory / "build.ninja").read_text()
@@ -62,17 +66,15 @@ def test_rocm_build_is_found_where_it_was_built(rocm_build):
 
 
 def test_rocm_build_targets_the_visible_arch_only(rocm_build):
-    _, flags = rocm_build
-    assert re.findall(r"--offload-arch=(\S*)", flags) == [ARCH]
+    assert re.findall(r"--offload-arch=(\S*)", ninja_variable(rocm_build, "cuda_cflags")) == [ARCH]
     assert "PYTORCH_ROCM_ARCH" not in os.environ  # build() restores the environment
 
 
 def test_hipified_kernel_compiles_to_the_checked_device_code(rocm_build, tmp_path):
-    directory, flags = rocm_build
     clang = skinny_build.hip_compiler_path()
-    kernel = directory / "csrc" / "skinny_kernel.hip"
+    kernel = rocm_build / "csrc" / "skinny_kernel.hip"
     # Device and host apart, and -nogpulib: without ROCm's device libraries clang cannot link the device code.
-    common = [clang, "-x", "hip", *flags.split(), "-nogpulib", str(kernel)]
+    common = [clang, "-x", "hip", *ninja_variable(rocm_build, "cuda_cflags").split(), "-nogpulib", str(kernel)]
     device = subprocess.run([*common, "--cuda-device-only", "-S", "-o", str(tmp_path / "device.s")],
                             capture_output=True, text=True)
     assert device.returncode == 0, device.stderr[-4000:]
@@ -85,3 +87,24 @@ def test_hipified_kernel_compiles_to_the_checked_device_code(rocm_build, tmp_pat
     direct = skinny_build.asm_stats(ARCH, skinny_build.compile_device(ARCH, tmp_path / "direct"))
     assert hipified["kernels"] == 2 * 3 * 2 * 5 and hipified["spills"] == 0
     assert hipified == direct
+
+
+def test_hipified_binding_compiles_against_torchs_rocm_headers(rocm_build, tmp_path):
+    from torch.utils.hipify import hipify_python
+
+    # A ROCm torch ships c10/hip/*.h, made at its own build by hipifying c10/cuda/*.h: the same hipify of this
+    # torch's c10/cuda headers stands in for them, with the one header that torch's cmake writes there.
+    include = Path(torch.__file__).parent / "include"
+    rocm_include = tmp_path / "include"
+    hipify_python.hipify(project_directory=str(include), output_directory=str(rocm_include),
+                         includes=[str(include / "c10" / "cuda" / "*")], is_pytorch_extension=False,
+                         show_detailed=False, show_progress=False)
+    (rocm_include / "c10" / "hip" / "impl" / "hip_cmake_macros.h").write_text(
+        "#pragma once\n#define C10_HIP_BUILD_SHARED_LIBS\n")
+    # The ninja file's own host compile ($cxx $cflags -c $in -o $out $post_cflags), those headers searched first.
+    command = [ninja_variable(rocm_build, "cxx"), "-isystem", str(rocm_include),
+               *ninja_variable(rocm_build, "cflags").split(), "-c", str(rocm_build / "csrc" / "binding_hip.cpp"),
+               "-o", str(tmp_path / "binding.o"), *ninja_variable(rocm_build, "post_cflags").split()]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "binding_hip.cpp" not in result.stderr, result.stderr[-4000:]  # no warning in the binding itself
