@@ -134,17 +134,25 @@ def compile_device(arch: str, out_dir: str | os.PathLike, defines: tuple[str, ..
         nvcc = nvcc_path()
         if not nvcc:
             raise ToolMissing("nvcc (CUDA 12+) is needed to compile for sm_90")
+        # An object, not just the cubin: the host code (the launcher) compiles too, and --keep leaves the cubin and
+        # the PTX of the device pass beside it.
+        kept = out / "nvcc"
+        kept.mkdir(exist_ok=True)
+        log = _run([nvcc, "-arch=sm_90", "-c", "--keep", f"--keep-dir={kept}", "-Xptxas", "-v", *flags, source,
+                    "-o", str(kept / "skinny_sm_90.o")]).stderr
+        stem = Path(DEVICE_SOURCE).stem
         cubin = out / "skinny_sm_90.cubin"
-        log = _run([nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", *flags, source, "-o", str(cubin)]).stderr
+        shutil.copyfile(kept / f"{stem}.sm_90.cubin", cubin)
+        ptx = out / "skinny_sm_90.ptx"
+        shutil.copyfile(kept / f"{stem}.ptx", ptx)
+        shutil.rmtree(kept)  # the object and nvcc's intermediate files, about 75 MB
         cuobjdump = cuobjdump_path()
         if cuobjdump:
             listing = _run([cuobjdump, "-sass", str(cubin)]).stdout
             asm = out / "skinny_sm_90.sass"
             asm.write_text(listing)
             return {"asm": asm, "log": log, "kind": "sass"}
-        asm = out / "skinny_sm_90.ptx"
-        _run([nvcc, "-arch=sm_90", "-ptx", *flags, source, "-o", str(asm)])
-        return {"asm": asm, "log": log, "kind": "ptx"}
+        return {"asm": ptx, "log": log, "kind": "ptx"}
     if arch in ("gfx1151", "gfx1201"):
         clang = hip_compiler_path()
         if not clang:
