@@ -29,7 +29,12 @@
 #elif defined(W4A16_CUDA)
 #include <cuda_runtime.h>
 #endif
-#if defined(W4A16_HIP) || defined(W4A16_CUDA)
+// The dot2 kernel's device functions: on HIP, and in the CPU emulation that runs that kernel in the tests
+// (tests/csrc/emulate_dot2.cpp defines W4A16_EMULATION, the thread indices, __syncthreads and __shfl_xor).
+#if defined(W4A16_HIP) || defined(W4A16_EMULATION)
+#define W4A16_DOT2_PATH 1
+#endif
+#if defined(W4A16_HIP) || defined(W4A16_CUDA) || defined(W4A16_EMULATION)
 #define W4A16_DEVICE_COMPILER 1
 #define W4A16_HD __host__ __device__ __forceinline__
 #else
@@ -136,6 +141,8 @@ constexpr ArchId kDeviceArch = ArchId::sm_90;
 constexpr ArchId kDeviceArch = ArchId::gfx1151;
 #elif defined(__gfx1201__)
 constexpr ArchId kDeviceArch = ArchId::gfx1201;
+#elif defined(W4A16_EMULATION)
+constexpr ArchId kDeviceArch = ArchId::gfx1151;  // the RDNA budget: the emulation stands in for those targets
 #else
 constexpr ArchId kDeviceArch = ArchId::generic;
 #endif
@@ -148,7 +155,7 @@ constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
 constexpr int kWaveSize = 32;
 #endif
 
-#if defined(W4A16_HIP)
+#if defined(W4A16_DOT2_PATH)
 // Butterfly reduction step across lanes (the dot2 kernel). HIP lowers __shfl_xor to ds_swizzle / DPP or
 // ds_bpermute. The NVIDIA kernel reduces through the mma and shared memory instead.
 __device__ __forceinline__ float lane_xor(float v, int mask) { return __shfl_xor(v, mask, kWaveSize); }
@@ -166,7 +173,7 @@ struct alignas(16) Words4 {
 template <bool kAllocateL1 = false>
 __device__ __forceinline__ Words4 load_stream(const Words4* p) {
   Words4 r;
-#if defined(W4A16_HIP)
+#if defined(W4A16_DOT2_PATH)
   typedef uint32_t v4u __attribute__((ext_vector_type(4)));
   v4u v = __builtin_nontemporal_load(reinterpret_cast<const v4u*>(p));
   r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
@@ -186,7 +193,7 @@ __device__ __forceinline__ Words4 load_stream(const Words4* p) {
 // Read-only, cached load for the small per-group metadata (scales, zeros), reused by neighbouring lanes.
 template <typename U>
 __device__ __forceinline__ U load_cached(const U* p) {
-#if defined(W4A16_HIP)
+#if defined(W4A16_DOT2_PATH)
   return *p;
 #else
   return __ldg(p);
@@ -199,7 +206,7 @@ __device__ __forceinline__ U load_cached(const U* p) {
 // gfx11/gfx12). NVIDIA has no fp32-accumulating packed dot outside the tensor cores, so its kernel
 // (skinny_mma.cuh) uses mma.sync m16n8k16 with fp32 accumulators, and packed 16-bit FMAs for the dequantization.
 // ---------------------------------------------------------------------------------------------------------------
-#if defined(W4A16_HIP)
+#if defined(W4A16_DOT2_PATH)
 typedef _Float16 w4a16_half2 __attribute__((ext_vector_type(2)));
 typedef __bf16 w4a16_bf162 __attribute__((ext_vector_type(2)));
 
@@ -211,6 +218,19 @@ template <typename Tag>
 __device__ __forceinline__ XOperand<Tag> x_operand(uint32_t bits) {
   return {bits};
 }
+#if defined(W4A16_EMULATION)
+// The two products and their sum with acc in double, rounded to fp32 once.
+template <typename Pair>
+__device__ __forceinline__ float dot2_in_double(Pair a, Pair b, float acc) {
+  return static_cast<float>(double(a.x) * double(b.x) + double(a.y) * double(b.y) + double(acc));
+}
+__device__ __forceinline__ float dot2(uint32_t w, XOperand<Fp16Tag> x, float acc) {
+  return dot2_in_double(__builtin_bit_cast(w4a16_half2, w), __builtin_bit_cast(w4a16_half2, x.bits), acc);
+}
+__device__ __forceinline__ float dot2(uint32_t w, XOperand<Bf16Tag> x, float acc) {
+  return dot2_in_double(__builtin_bit_cast(w4a16_bf162, w), __builtin_bit_cast(w4a16_bf162, x.bits), acc);
+}
+#else
 __device__ __forceinline__ float dot2(uint32_t w, XOperand<Fp16Tag> x, float acc) {
   return __builtin_amdgcn_fdot2(__builtin_bit_cast(w4a16_half2, w), __builtin_bit_cast(w4a16_half2, x.bits), acc,
                                 false);
@@ -219,6 +239,7 @@ __device__ __forceinline__ float dot2(uint32_t w, XOperand<Bf16Tag> x, float acc
   return __builtin_amdgcn_fdot2_f32_bf16(__builtin_bit_cast(w4a16_bf162, w), __builtin_bit_cast(w4a16_bf162, x.bits),
                                          acc, false);
 }
+#endif
 #else
 // a * b + c on two packed 16-bit floats, rounded once.
 __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c, Fp16Tag) {
@@ -256,7 +277,7 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
 // 16-bit float bits <-> fp32, round to nearest even. The kernel keeps activations as raw 16-bit patterns so the
 // same code serves both dtypes and both toolchains.
 __device__ __forceinline__ float to_float(uint16_t bits, Fp16Tag) {
-#if defined(W4A16_HIP)
+#if defined(W4A16_DOT2_PATH)
   return static_cast<float>(__builtin_bit_cast(_Float16, bits));
 #else
   float f;
@@ -266,7 +287,7 @@ __device__ __forceinline__ float to_float(uint16_t bits, Fp16Tag) {
 }
 __device__ __forceinline__ float to_float(uint16_t bits, Bf16Tag) { return __uint_as_float(uint32_t(bits) << 16); }
 __device__ __forceinline__ uint16_t from_float(float f, Fp16Tag) {
-#if defined(W4A16_HIP)
+#if defined(W4A16_DOT2_PATH)
   return __builtin_bit_cast(uint16_t, static_cast<_Float16>(f));
 #else
   uint16_t h;
@@ -299,7 +320,7 @@ using gpuError_t = hipError_t;
 #define w4a16AttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define w4a16FuncSetAttribute hipFuncSetAttribute
 #define w4a16FuncAttrMaxDynamicShared hipFuncAttributeMaxDynamicSharedMemorySize
-#else
+#elif defined(W4A16_CUDA)
 using gpuStream_t = cudaStream_t;
 using gpuError_t = cudaError_t;
 #define w4a16GetLastError cudaGetLastError

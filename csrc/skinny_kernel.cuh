@@ -20,6 +20,7 @@
 //   scales  [N, K/G]    x's dtype        zeros   [N, K/G] uint8 raw 0..15 (asymmetric only)
 //   bias    [N] or null x's dtype        out     [M, N]   x's dtype
 // Shared memory: xs [M][K] 16-bit (the four 16-byte pieces of every chunk rotated, see xs_piece), sx [M][K/32] fp32.
+// Without an AMD GPU the tests run this kernel on the CPU (tests/csrc/emulate_dot2.cpp, test_emulate_dot2.py).
 #pragma once
 
 #include "skinny_common.cuh"

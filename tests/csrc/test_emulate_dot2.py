@@ -1,0 +1,74 @@
+"""The AMD dot2 kernel (csrc/skinny_kernel.cuh) run on the CPU by tests/csrc/emulate_dot2.cpp, against the reference.
+
+No AMD GPU is here, and the kernel is NVIDIA's no longer: this is where its indexing, staging, row split, chunk loop,
+offset removal, wave reduction and epilogue run. Its arithmetic is the kernel's own but for dot2 (portability.h's
+emulation: the products summed in double, rounded to fp32 once) and the lane exchange. Every instantiation the
+HIP build compiles (fp16/bf16 x G x sym/asym x M = 1..5), and the shapes where the row split and the chunk loop
+have edges. Outputs start as NaN, so one the kernel does not write fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from w4a16_testing import assert_matches_reference, random_activation, random_weight, require_tool
+
+from w4a16 import skinny
+from w4a16.skinny_build import CSRC
+
+HERE = Path(__file__).parent
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+MAX_ROWS, STAGING = skinny.limits("gfx1151")
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> Path:
+    compiler = shutil.which("clang++-19")
+    require_tool(compiler is not None, "clang++-19 compiles the emulation (_Float16 and __bf16 on the host)")
+    exe = tmp_path_factory.mktemp("emulate") / "emulate_dot2"
+    subprocess.run([compiler, "-std=c++20", "-O1", "-Wall", "-Werror", "-DW4A16_EMULATION", f"-I{CSRC}",
+                    str(HERE / "emulate_dot2.cpp"), "-o", str(exe), "-lpthread"], check=True)
+    return exe
+
+
+def run_dot2_kernel(emulator: Path, workdir: Path, dtype: str, group: int, symmetric: bool, m: int, n: int, k: int,
+                    blocks: int, with_bias: bool, seed: int) -> None:
+    """One emulated launch on fresh random operands, checked against the reference."""
+    generator = torch.Generator().manual_seed(seed)
+    qw = random_weight(n, k, group, symmetric, DTYPES[dtype], generator=generator)
+    x = random_activation(m, k, DTYPES[dtype], generator=generator)
+    bias = torch.randn(n, generator=generator).to(DTYPES[dtype]) if with_bias else None
+    for name, tensor in (("x", x), ("qweight", qw.qweight), ("scales", qw.scales), ("zeros", qw.zeros),
+                         ("bias", bias)):
+        if tensor is not None:
+            tensor.contiguous().view(torch.uint8).numpy().tofile(workdir / f"{name}.bin")
+    subprocess.run([str(emulator), str(workdir), dtype, str(group), str(int(symmetric)), str(m), str(n), str(k),
+                    str(blocks), str(int(with_bias))], check=True, capture_output=True, text=True)
+    out = torch.from_numpy(np.fromfile(workdir / "out.bin", dtype=np.int16)).view(DTYPES[dtype]).reshape(m, n)
+    assert_matches_reference(out, x, qw, bias)
+
+
+@pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_every_instantiation(emulator, tmp_path, dtype, group, symmetric, m):
+    # 37 rows over 2 blocks of 16 (or 12) waves: one or two rows a wave, an odd last pair; K = 4224 is 132 chunks,
+    # two full steps of the chunk loop (32 lanes x 2) and four chunks past them.
+    run_dot2_kernel(emulator, tmp_path, dtype, group, symmetric, m, n=37, k=4224, blocks=2, with_bias=m % 2 == 1,
+                    seed=1000 * group + 10 * m + symmetric)
+
+
+@pytest.mark.parametrize(("dtype", "group", "symmetric", "m", "n", "k", "blocks"), [
+    ("bf16", 128, False, MAX_ROWS, 19, STAGING // MAX_ROWS, 1),  # x at the staging budget
+    ("fp16", 32, False, 3, 1, 64, 3),  # one row: all waves but one have none
+    ("bf16", 64, True, 2, 300, 128, 1),  # many rows per wave, K of two chunks
+    ("fp16", 128, True, 3, 97, 8192, 4),  # long K: four steps of the chunk loop
+])
+def test_row_split_and_chunk_loop_edges(emulator, tmp_path, dtype, group, symmetric, m, n, k, blocks):
+    run_dot2_kernel(emulator, tmp_path, dtype, group, symmetric, m, n, k, blocks, with_bias=True, seed=n * k + m)
