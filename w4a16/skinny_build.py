@@ -138,14 +138,16 @@ def compile_device(arch: str, out_dir: str | os.PathLike, defines: tuple[str, ..
         # the PTX of the device pass beside it.
         kept = out / "nvcc"
         kept.mkdir(exist_ok=True)
-        log = _run([nvcc, "-arch=sm_90", "-c", "--keep", f"--keep-dir={kept}", "-Xptxas", "-v", *flags, source,
-                    "-o", str(kept / "skinny_sm_90.o")]).stderr
         stem = Path(DEVICE_SOURCE).stem
         cubin = out / "skinny_sm_90.cubin"
-        shutil.copyfile(kept / f"{stem}.sm_90.cubin", cubin)
         ptx = out / "skinny_sm_90.ptx"
-        shutil.copyfile(kept / f"{stem}.ptx", ptx)
-        shutil.rmtree(kept)  # the object and nvcc's intermediate files, about 75 MB
+        try:
+            log = _run([nvcc, "-arch=sm_90", "-c", "--keep", f"--keep-dir={kept}", "-Xptxas", "-v", *flags, source,
+                        "-o", str(kept / "skinny_sm_90.o")]).stderr
+            shutil.copyfile(kept / f"{stem}.sm_90.cubin", cubin)
+            shutil.copyfile(kept / f"{stem}.ptx", ptx)
+        finally:
+            shutil.rmtree(kept)  # the object and nvcc's intermediate files, about 75 MB, also after a failure
         cuobjdump = cuobjdump_path()
         if cuobjdump:
             listing = _run([cuobjdump, "-sass", str(cubin)]).stdout

@@ -85,8 +85,7 @@ def test_hipified_kernel_compiles_to_the_checked_device_code(rocm_build, tmp_pat
 
     hipified = skinny_build.asm_stats(ARCH, {"asm": tmp_path / "device.s", "log": device.stderr, "kind": "amdgcn"})
     direct = skinny_build.asm_stats(ARCH, skinny_build.compile_device(ARCH, tmp_path / "direct"))
-    assert hipified["kernels"] == 2 * 3 * 2 * 5 and hipified["spills"] == 0
-    assert hipified == direct
+    assert hipified == direct  # test_device_compile.py checks the direct compile's kernel count and spills
 
 
 def test_hipified_binding_compiles_against_torchs_rocm_headers(rocm_build, tmp_path):
