@@ -113,6 +113,15 @@ static void launch(Problem& p) {
             kSymmetric ? nullptr : p.zeros.data(), p.bias.empty() ? nullptr : p.bias.data(), p.out.data(), p.n, p.k);
       });
     for (auto& lane : lanes) lane.join();
+    // The HIP launcher gives a block staging_bytes(M * K) of dynamic LDS (skinny_kernel.cu, launch_shared_bytes):
+    // a write past it would land outside the block's allocation on the GPU.
+    const auto* bytes = reinterpret_cast<const unsigned char*>(smem);
+    for (size_t i = staging_bytes(M * p.k); i < sizeof(smem); ++i)
+      if (bytes[i] != 0xFF) {
+        std::fprintf(stderr, "block %d wrote shared byte %zu, past the %d bytes the launcher allocates\n", b, i,
+                     staging_bytes(M * p.k));
+        std::exit(3);
+      }
   }
 }
 

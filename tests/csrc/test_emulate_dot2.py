@@ -4,7 +4,8 @@ No AMD GPU is here, and the kernel is NVIDIA's no longer: this is where its inde
 offset removal, wave reduction and epilogue run. Its arithmetic is the kernel's own but for dot2 (portability.h's
 emulation: the products summed in double, rounded to fp32 once) and the lane exchange. Every instantiation the
 HIP build compiles (fp16/bf16 x G x sym/asym x M = 1..5), and the shapes where the row split and the chunk loop
-have edges. Outputs start as NaN, so one the kernel does not write fails.
+have edges. Outputs start as NaN, so one the kernel does not write fails; shared memory starts as NaN too, and a
+block that writes past the LDS its launcher allocates fails.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def run_dot2_kernel(emulator: Path, workdir: Path, dtype: str, group: int, symme
                          ("bias", bias)):
         if tensor is not None:
             tensor.contiguous().view(torch.uint8).numpy().tofile(workdir / f"{name}.bin")
-    subprocess.run([str(emulator), str(workdir), dtype, str(group), str(int(symmetric)), str(m), str(n), str(k),
-                    str(blocks), str(int(with_bias))], check=True, capture_output=True, text=True)
+    run = subprocess.run([str(emulator), str(workdir), dtype, str(group), str(int(symmetric)), str(m), str(n),
+                          str(k), str(blocks), str(int(with_bias))], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
     out = torch.from_numpy(np.fromfile(workdir / "out.bin", dtype=np.int16)).view(DTYPES[dtype]).reshape(m, n)
     assert_matches_reference(out, x, qw, bias)
 
