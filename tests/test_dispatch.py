@@ -90,7 +90,7 @@ def test_shipped_rules_at_their_boundaries(arch_name):
     k_fit = r.skinny_staging_elements // 128 * 128
     assert decide(1, 4096, k_fit, r, **ALL) == "skinny"
     assert decide(1, 4096, k_fit + 128, r, **ALL) == "triton"
-    assert not r.skinny_fits(1, r.skinny_staging_elements + 1)
+    assert not r.skinny_fits(1, 4096, r.skinny_staging_elements + 1)
     if r.dequant_blas_min_m is not None:
         assert r.dequant_blas_min_m > r.skinny_max_m
         assert decide(r.dequant_blas_min_m - 1, 4096, k, r, **ALL) == "triton"
@@ -108,10 +108,47 @@ def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
     below = DispatchRules("test", skinny_max_m=2, skinny_staging_elements=5 * 4096, dequant_blas_min_m=None,
                           skinny_kernel_rows=5)
     assert decide(2, 4096, 4096, below, **ALL) == "skinny" and decide(3, 4096, 4096, below, **ALL) == "triton"
-    assert below.skinny_fits(5, 4096, forced=True) and not below.skinny_fits(6, 4096, forced=True)
-    assert not below.skinny_fits(3, 4096)
+    assert below.skinny_fits(5, 4096, 4096, forced=True) and not below.skinny_fits(6, 4096, 4096, forced=True)
+    assert not below.skinny_fits(3, 4096, 4096)
     # Arches without a measured crossover use the kernel's own limit.
     assert dispatch.rules("gfx1151").skinny_max_m == dispatch.rules("gfx1151").skinny_rows
+
+
+def test_shape_override_lowers_auto_for_that_weight_only():
+    """A weight shape measured apart (dispatch_rules.json "shape_overrides") stops "auto" earlier for that [N, K]
+    alone; other shapes with the same K keep the arch's limit, and forcing the skinny kernel still takes it."""
+    r = dispatch.rules("sm_90")
+    assert r.skinny_max_m_overrides, "the shipped sm_90 rules measure Llama-3.1-8B down apart"
+    for (n, k), rows in r.skinny_max_m_overrides.items():
+        assert 0 <= rows < r.skinny_max_m
+        assert r.skinny_max_m_for(n, k) == rows
+        assert decide(rows + 1, n, k, r, **ALL) == "triton" and r.skinny_fits(rows + 1, n, k, forced=True)
+        if rows:
+            assert decide(rows, n, k, r, **ALL) == "skinny"
+        assert decide(rows + 1, n + 16, k, r, **ALL) == "skinny"  # another weight, same K: the arch's limit
+    # The Llama-3.1-8B down override, as measured: M = 6 to the skinny kernel, M = 7 to Triton.
+    assert decide(6, 4096, 14336, r, **ALL) == "skinny" and decide(7, 4096, 14336, r, **ALL) == "triton"
+    # An override above the arch's limit cannot raise it.
+    loose = DispatchRules("test", skinny_max_m=4, skinny_staging_elements=8 * 4096, dequant_blas_min_m=None,
+                          skinny_kernel_rows=8, skinny_max_m_overrides={(64, 4096): 7})
+    assert loose.skinny_max_m_for(64, 4096) == 4 and decide(5, 64, 4096, loose, **ALL) == "triton"
+
+
+def test_describe_rule_counts_the_shapes_measured_apart(monkeypatch):
+    monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, dtype: None)
+    monkeypatch.setattr(dispatch, "_device_arch", lambda device: "sm_90")
+    r = dispatch.rules("sm_90")
+    apart = len(r.skinny_max_m_overrides)
+    text = dispatch.describe_rule("cuda:0", torch.bfloat16)
+    assert f"skinny for M <= 8 (K*M <= {r.skinny_staging_elements}; {apart} weight shape" in text, text
+
+
+def test_shipped_shape_overrides_are_well_formed():
+    for arch_name, entry in dispatch._measured_skinny_max_m().items():
+        for o in entry.get("shape_overrides", []):
+            assert set(o) == {"n", "k", "skinny_max_m", "measured"}, (arch_name, o)
+            assert all(isinstance(o[key], int) and o[key] >= 0 for key in ("n", "k", "skinny_max_m")), o
+            assert o["measured"].strip(), o
 
 
 @pytest.mark.parametrize("m", [1, 5, 6, 128, 2048])

@@ -2,8 +2,8 @@
 
 The rule (DESIGN.md, "The hybrid dispatch"), for x flattened to M rows of K:
 
-    skinny        if the skinny op runs on this device and dtype, 1 <= M <= skinny_max_m and K * M fits the
-                  kernel's on-chip staging (skinny_staging_elements)
+    skinny        if the skinny op runs on this device and dtype, 1 <= M <= skinny_max_m (lower for a weight
+                  shape measured apart) and K * M fits the kernel's on-chip staging (skinny_staging_elements)
     dequant_blas  else, if the route exists for this device and the arch's table sets dequant_blas_min_m <= M
                   (the table's entry for this weight's exact (N, K) where it has one), or if the call is past
                   the fused kernel's 32-bit offsets (M * N or M * K >= 2^31; dequant_blas takes any M)
@@ -11,7 +11,9 @@ The rule (DESIGN.md, "The hybrid dispatch"), for x flattened to M rows of K:
     reference     otherwise (CPU, fp32 activations, no GPU kernel for the device)
 
 The per-arch numbers have one owner each and are only read here: `w4a16.skinny.limits(arch)` gives
-(skinny_max_m, skinny_staging_elements), the same constants its host check and device code use; the Triton table
+(skinny_max_m, skinny_staging_elements), the same constants its host check and device code use;
+`dispatch_rules.json` lowers skinny_max_m where the skinny kernel measured slower than the Triton kernel (per arch,
+and per weight shape); the Triton table
 `w4a16/triton/configs/<arch>.json` gives `dequant_blas_min_m` (absent or null: the route is never chosen
 automatically) and its per-shape `dequant_blas_overrides`. `rules(arch)` collects them and `decide(...)` is the pure
 decision, testable on any machine.
@@ -54,6 +56,8 @@ class DispatchRules:
     skinny_kernel_rows: int | None = None  # most rows the kernel itself takes when forced (None: skinny_max_m)
     # {(N, K): dequant_blas_min_m for that weight shape}, where the tuner measured a crossover of its own
     dequant_blas_overrides: dict[tuple[int, int], int | None] = field(default_factory=dict)
+    # {(N, K): skinny_max_m for that weight shape}, where the skinny kernel measured slower below skinny_max_m
+    skinny_max_m_overrides: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def skinny_rows(self) -> int:
@@ -63,9 +67,14 @@ class DispatchRules:
         """The M from which "auto" sends an [N, K] weight to dequant_blas (None: never)."""
         return self.dequant_blas_overrides.get((n, k), self.dequant_blas_min_m)
 
-    def skinny_fits(self, m: int, k: int, forced: bool = False) -> bool:
-        """Whether M rows of K go to the skinny kernel ("auto"), or can at all (`forced`)."""
-        rows = self.skinny_rows if forced else self.skinny_max_m
+    def skinny_max_m_for(self, n: int, k: int) -> int:
+        """The most rows "auto" sends to the skinny kernel for an [N, K] weight."""
+        return min(self.skinny_max_m, self.skinny_max_m_overrides.get((n, k), self.skinny_max_m))
+
+    def skinny_fits(self, m: int, n: int, k: int, forced: bool = False) -> bool:
+        """Whether M rows of K times an [N, K] weight go to the skinny kernel ("auto"), or can at all (`forced`:
+        the kernel's own limits, whatever was measured)."""
+        rows = self.skinny_rows if forced else self.skinny_max_m_for(n, k)
         return 1 <= m <= rows and k * m <= self.skinny_staging_elements
 
 
@@ -90,16 +99,19 @@ def rules(arch_name: str) -> DispatchRules:
             max_m, staging = (int(v) for v in skinny.limits(arch_name))
         except (KeyError, ValueError):  # no skinny build for this arch: the route is off
             max_m, staging = 0, 0
-    auto_max_m = min(max_m, _measured_skinny_max_m().get(arch_name, {}).get("skinny_max_m", max_m))
+    measured = _measured_skinny_max_m().get(arch_name, {})
+    auto_max_m = min(max_m, measured.get("skinny_max_m", max_m))
+    skinny_by_shape = {(o["n"], o["k"]): o["skinny_max_m"] for o in measured.get("shape_overrides", [])}
     min_m, by_shape = _dequant_blas_thresholds(arch_name)
     return DispatchRules(arch_name, auto_max_m, staging, min_m, skinny_kernel_rows=max_m,
-                         dequant_blas_overrides=by_shape)
+                         dequant_blas_overrides=by_shape, skinny_max_m_overrides=skinny_by_shape)
 
 
 @functools.cache
 def _measured_skinny_max_m() -> dict[str, dict]:
     """Per-arch crossovers measured against the Triton kernel (`dispatch_rules.json`): where the skinny kernel
-    takes more rows than it wins on, "auto" stops earlier. Absent arch: the kernel's own row limit."""
+    takes more rows than it wins on, "auto" stops earlier, for the arch or (`shape_overrides`) for one weight
+    shape. Absent arch: the kernel's own row limit."""
     return json.loads((Path(__file__).with_name("dispatch_rules.json")).read_text())["archs"]
 
 
@@ -115,7 +127,7 @@ def _dequant_blas_thresholds(arch_name: str) -> tuple[int | None, dict[tuple[int
 def decide(m: int, n: int, k: int, rules: DispatchRules, *, skinny: bool, triton: bool, dequant_blas: bool) -> str:
     """The hybrid rule for M rows of K times an [N, K] weight, given which backends can run this call (pure: no
     device, no imports). dequant_blas also takes what the fused kernel cannot (a call past its 32-bit offsets)."""
-    if skinny and rules.skinny_fits(m, k):
+    if skinny and rules.skinny_fits(m, n, k):
         return "skinny"
     min_m = rules.dequant_blas_from(n, k)
     if dequant_blas and (not triton or (min_m is not None and m >= min_m)):
@@ -184,7 +196,9 @@ def describe_rule(device: torch.device | str, dtype: torch.dtype = torch.float16
     r = rules(_device_arch(device if device.index is not None else torch.device("cuda", torch.cuda.current_device())))
     parts = []
     if unavailable_reason("skinny", device, dtype) is None and r.skinny_max_m:
-        parts.append(f"skinny for M <= {r.skinny_max_m} (K*M <= {r.skinny_staging_elements})")
+        apart = len(r.skinny_max_m_overrides)
+        shapes = f"; {apart} weight shape{'s' * (apart > 1)} measured apart" if apart else ""
+        parts.append(f"skinny for M <= {r.skinny_max_m} (K*M <= {r.skinny_staging_elements}{shapes})")
     if unavailable_reason("dequant_blas", device, dtype) is None:
         apart = f"{len(r.dequant_blas_overrides)} weight shapes tuned apart" if r.dequant_blas_overrides else ""
         if r.dequant_blas_min_m is not None:
@@ -241,14 +255,14 @@ def _check_call(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         raise TypeError(f"bias is {bias.dtype} but x is {x.dtype}: pass the bias in the activation dtype")
 
 
-def _check_forced(backend: str, m: int, k: int, x: torch.Tensor) -> None:
+def _check_forced(backend: str, m: int, n: int, k: int, x: torch.Tensor) -> None:
     """A forced backend must be able to run this call: otherwise say why, before any launch."""
     reason = unavailable_reason(backend, x.device, x.dtype)
     if reason is not None:
         raise RuntimeError(f"backend={backend!r} is unavailable on {x.device} for {x.dtype}: {reason}")
     if backend == "skinny":
         r = rules(_device_arch(x.device))
-        if not r.skinny_fits(m, k, forced=True):
+        if not r.skinny_fits(m, n, k, forced=True):
             raise ValueError(
                 f"backend='skinny' takes 1 <= M <= {r.skinny_rows} rows with K*M <= {r.skinny_staging_elements} "
                 f"on {r.arch}, got M={m}, K={k} (K*M={k * m}); use backend='auto' to route larger M elsewhere"
@@ -294,7 +308,7 @@ def gemm_op(
     if backend == "auto":
         backend = choose_backend(m, qw.n, qw.k, x.dtype, x.device)
     else:
-        _check_forced(backend, m, qw.k, x)
+        _check_forced(backend, m, qw.n, qw.k, x)
     return _run(backend, x2d, qw, bias).reshape(*lead, qw.n)
 
 

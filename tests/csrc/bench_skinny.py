@@ -1,4 +1,5 @@
-"""Skinny kernel timing on a GPU against torch's int4 tinygemm, torch bf16 matmul and (M > 5) the Triton kernel.
+"""Skinny kernel timing on a GPU against torch's int4 tinygemm, torch bf16 matmul and (M > 5) the Triton kernel and
+what `auto` picks.
 
 Protocol of DESIGN.md: each op is captured many times in a CUDA graph over a rotation of weight copies whose total
 size is >= 4x the L2, so weights come from DRAM; per-call time = graph replay time / calls (median of replays).
@@ -90,6 +91,9 @@ def bench_shape(n: int, k: int, m: int, gen: torch.Generator) -> dict:
         from w4a16.triton import triton_gemm
 
         result["triton_us"] = time_per_call([lambda qw=qw: triton_gemm(x, qw) for qw in ours])
+        # What "auto" picks here (w4a16/dispatch_rules.json may send a shape to Triton below the row limit).
+        result["auto"] = w4a16.dispatch.choose_backend(m, n, k, dtype, x.device)
+        result["auto_us"] = time_per_call([lambda qw=qw: w4a16.gemm(x, qw) for qw in ours])
     del qws
     try:
         packs = []
@@ -129,7 +133,7 @@ def main() -> int:
     print(f"\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s "
           f"(read+write); bf16 activations, uint4b8 G={GROUP}; µs per call, CUDA-graph replay over >= 4x L2")
     print(f"{'model':12s} {'layer':8s} {'M':>2s} {'skinny':>8s} {'GB/s':>6s} {'%copy':>6s} {'tinygemm':>9s} "
-          f"{'x tiny':>7s} {'bf16':>8s} {'x bf16':>7s} {'triton':>8s} {'x triton':>8s}")
+          f"{'x tiny':>7s} {'bf16':>8s} {'x bf16':>7s} {'triton':>8s} {'x triton':>8s}  auto")
     for r in rows:
         gbs = r["bytes"] / (r["skinny_us"] * 1e-6) / 1e9
         tiny = r.get("tinygemm_us")
@@ -137,7 +141,8 @@ def main() -> int:
               f"{100 * gbs * 1e9 / bw:5.1f}% {tiny if tiny else float('nan'):9.2f} "
               f"{(tiny / r['skinny_us']) if tiny else float('nan'):6.2f}x {r['bf16_us']:8.2f} "
               f"{r['bf16_us'] / r['skinny_us']:6.2f}x"
-              + (f" {r['triton_us']:8.2f} {r['triton_us'] / r['skinny_us']:7.2f}x" if "triton_us" in r else ""))
+              + (f" {r['triton_us']:8.2f} {r['triton_us'] / r['skinny_us']:7.2f}x" if "triton_us" in r else "")
+              + (f"  {r['auto']} {r['auto_us']:.2f}" if "auto" in r else ""))
         if "tinygemm_error" in r:
             print("   tinygemm:", r["tinygemm_error"])
     if len(sys.argv) > 1:

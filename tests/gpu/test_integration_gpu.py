@@ -30,7 +30,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 def expected_backend(m: int, n: int, k: int) -> str:
     """What the hybrid rule must pick on this GPU for M rows times an [N, K] weight, from the shipped numbers."""
     r = dispatch.rules(w4a16.arch())
-    if r.skinny_fits(m, k):
+    if r.skinny_fits(m, n, k):
         return "skinny"
     min_m = r.dequant_blas_from(n, k)
     if min_m is not None and m >= min_m:
