@@ -108,7 +108,7 @@ def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
     below = DispatchRules("test", skinny_max_m=2, skinny_staging_elements=5 * 4096, dequant_blas_min_m=None,
                           skinny_kernel_rows=5)
     assert decide(2, 4096, 4096, below, **ALL) == "skinny" and decide(3, 4096, 4096, below, **ALL) == "triton"
-    assert below.skinny_fits(5, 4096, 4096, forced=True) and not below.skinny_fits(6, 4096, 4096, forced=True)
+    assert below.skinny_takes(5, 4096) and not below.skinny_takes(6, 4096)
     assert not below.skinny_fits(3, 4096, 4096)
     # Arches without a measured crossover use the kernel's own limit.
     assert dispatch.rules("gfx1151").skinny_max_m == dispatch.rules("gfx1151").skinny_rows
@@ -122,7 +122,7 @@ def test_shape_override_lowers_auto_for_that_weight_only():
     for (n, k), rows in r.skinny_max_m_overrides.items():
         assert 0 <= rows < r.skinny_max_m
         assert r.skinny_max_m_for(n, k) == rows
-        assert decide(rows + 1, n, k, r, **ALL) == "triton" and r.skinny_fits(rows + 1, n, k, forced=True)
+        assert decide(rows + 1, n, k, r, **ALL) == "triton" and r.skinny_takes(rows + 1, k)
         if rows:
             assert decide(rows, n, k, r, **ALL) == "skinny"
         assert decide(rows + 1, n + 16, k, r, **ALL) == "skinny"  # another weight, same K: the arch's limit

@@ -71,11 +71,13 @@ class DispatchRules:
         """The most rows "auto" sends to the skinny kernel for an [N, K] weight."""
         return min(self.skinny_max_m, self.skinny_max_m_overrides.get((n, k), self.skinny_max_m))
 
-    def skinny_fits(self, m: int, n: int, k: int, forced: bool = False) -> bool:
-        """Whether M rows of K times an [N, K] weight go to the skinny kernel ("auto"), or can at all (`forced`:
-        the kernel's own limits, whatever was measured)."""
-        rows = self.skinny_rows if forced else self.skinny_max_m_for(n, k)
-        return 1 <= m <= rows and k * m <= self.skinny_staging_elements
+    def skinny_takes(self, m: int, k: int) -> bool:
+        """Whether the skinny kernel can run M rows of K at all (a forced call): its own row and staging limits."""
+        return 1 <= m <= self.skinny_rows and k * m <= self.skinny_staging_elements
+
+    def skinny_fits(self, m: int, n: int, k: int) -> bool:
+        """Whether "auto" sends M rows of K times an [N, K] weight to the skinny kernel."""
+        return m <= self.skinny_max_m_for(n, k) and self.skinny_takes(m, k)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -255,14 +257,14 @@ def _check_call(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         raise TypeError(f"bias is {bias.dtype} but x is {x.dtype}: pass the bias in the activation dtype")
 
 
-def _check_forced(backend: str, m: int, n: int, k: int, x: torch.Tensor) -> None:
+def _check_forced(backend: str, m: int, k: int, x: torch.Tensor) -> None:
     """A forced backend must be able to run this call: otherwise say why, before any launch."""
     reason = unavailable_reason(backend, x.device, x.dtype)
     if reason is not None:
         raise RuntimeError(f"backend={backend!r} is unavailable on {x.device} for {x.dtype}: {reason}")
     if backend == "skinny":
         r = rules(_device_arch(x.device))
-        if not r.skinny_fits(m, n, k, forced=True):
+        if not r.skinny_takes(m, k):
             raise ValueError(
                 f"backend='skinny' takes 1 <= M <= {r.skinny_rows} rows with K*M <= {r.skinny_staging_elements} "
                 f"on {r.arch}, got M={m}, K={k} (K*M={k * m}); use backend='auto' to route larger M elsewhere"
@@ -308,7 +310,7 @@ def gemm_op(
     if backend == "auto":
         backend = choose_backend(m, qw.n, qw.k, x.dtype, x.device)
     else:
-        _check_forced(backend, m, qw.n, qw.k, x)
+        _check_forced(backend, m, qw.k, x)
     return _run(backend, x2d, qw, bias).reshape(*lead, qw.n)
 
 

@@ -134,7 +134,7 @@ def prepare(backend: str, qw: QuantizedWeight, l2_bytes: int | None) -> Prepared
     raise ValueError(f"unknown backend {backend!r}")
 
 
-def unavailable_reason(backend: str, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> str | None:
+def unavailable_reason(backend: str, m: int, k: int, dtype: torch.dtype, device: torch.device) -> str | None:
     """Why one of our backends cannot take this case, asked of the dispatch module where it can say; None if
     it can (or if only a call can tell). The skinny kernel is timed wherever it can run, also where "auto" sends
     the call elsewhere (the "auto" column shows the route)."""
@@ -146,7 +146,7 @@ def unavailable_reason(backend: str, m: int, n: int, k: int, dtype: torch.dtype,
         return reason
     if backend == "skinny":
         rules = dispatch.rules(w4a16.arch(device))
-        if not rules.skinny_fits(m, n, k, forced=True):
+        if not rules.skinny_takes(m, k):
             return (f"skinny takes 1 <= M <= {rules.skinny_rows} with K*M <= {rules.skinny_staging_elements} on "
                     f"{rules.arch}; M={m}, K={k}")
     return None
