@@ -16,20 +16,20 @@ struct alignas(16) Piece {
   uint32_t w[4];
 };
 
-// The kernel's weight load (portability.h: load_stream).
+// The kernel's weight load (portability.h: load_stream): L2::256B as the kernel had it when most figures in
+// csrc/PERF.md were taken, L2::128B as it ships since its cache-hint change (load_stream<false> there).
+template <int kL2Bytes = 256>
 __device__ __forceinline__ Piece load_stream(const Piece* p) {
+  static_assert(kL2Bytes == 128 || kL2Bytes == 256, "the L2 prefetch sizes the kernel has used");
   Piece r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
-               : "l"(p));
-  return r;
-}
-// The shipped kernel's weight load since its cache-hint change (portability.h: load_stream<false>).
-__device__ __forceinline__ Piece load_stream_128(const Piece* p) {
-  Piece r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
-               : "l"(p));
+  if constexpr (kL2Bytes == 256)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                 : "l"(p));
   return r;
 }
 __device__ __forceinline__ uint32_t fold(const Piece& v) { return v.w[0] + v.w[1] * 3 + v.w[2] * 5 + v.w[3]; }
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(384, 1) mma_units(const Piece* q, int n, int k
       const int h = r & 1, other = r >> 1;
       const int row = kPairs ? r0 + 16 * (u & 1) + g + 8 * h : r0 + 16 * other + g + 8 * h;
       const int chunk = kPairs ? 8 * (item_begin + u / 2) + 4 * other + t : 4 * (item_begin + u) + t;
-      held[slot][r] = load_stream_128(q + (size_t)min(row, row_end - 1) * chunks + chunk);
+      held[slot][r] = load_stream<128>(q + (size_t)min(row, row_end - 1) * chunks + chunk);
     }
   };
   // The shipped kernel's order, not pipeline()'s: all slots filled first, each refilled right after it is read.
