@@ -35,7 +35,8 @@ OURS = ("auto", "skinny", "triton", "dequant_blas")
 PEERS = ("torch_bf16", "torch_fp16", "naive", "tinygemm")
 BACKENDS = OURS + PEERS
 
-# The skinny kernel is a decode kernel (auto sends it M <= 5 by default, M <= 8 on sm_90: w4a16/dispatch_rules.json);
+# The skinny kernel is a decode kernel (auto sends it M <= 5 by default, M <= 8 on sm_90 but for the weight shapes
+# w4a16/dispatch_rules.json measures apart);
 # up to the most rows any arch's kernel takes (csrc/portability.h's table) the bench times it forced too, so the
 # edge shows, and a forced call it refuses is skipped with its message.
 SKINNY_MAX_M = max(rows for rows, _, _ in skinny.arch_table().values())
