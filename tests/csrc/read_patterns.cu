@@ -9,6 +9,7 @@
 // median of 9 replays. Each kernel folds what it reads into a value it stores only if it hits a magic number, so
 // the loads cannot be removed.
 #include <cstdint>
+#include <cstdio>
 
 #include "graph_timing.cuh"
 
@@ -223,6 +224,7 @@ float per_call_us(F launch, int copies) {
 }
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out as it is measured, even when piped to a log
   int sms;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   struct Shape {
@@ -244,8 +246,8 @@ int main() {
       SPLIT(3, 12, 16, true, true, "split d3 w12 rows16 rr async"),
       SPLIT(4, 12, 8, false, true, "split d4 w12 rows8 async"),
       SPLIT(4, 8, 16, true, true, "split d4 w8 rows16 rr async"),
-      {"split d3 w12 rows32 regs + L2 prefetch 1 round ahead", skinny_split_prefetch<1>, 12, 0, false},
-      {"split d3 w12 rows32 regs + L2 prefetch 2 rounds ahead", skinny_split_prefetch<2>, 12, 0, false}};
+      {"split d3 w12 rows32 regs + L2 prefetch 1 round ahead", skinny_split_prefetch<1>, 12, 0, false, 32},
+      {"split d3 w12 rows32 regs + L2 prefetch 2 rounds ahead", skinny_split_prefetch<2>, 12, 0, false, 32}};
   for (const Variant& v : variants)
     if (v.async)
       CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.warps * v.depth * 2048));
