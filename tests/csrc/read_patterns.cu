@@ -8,8 +8,12 @@
 // Protocol as bench_skinny.py: CUDA-graph replay over copies of the weights totalling 512 MB (>= 4x the L2),
 // median of 9 replays. Each kernel folds what it reads into a value it stores only if it hits a magic number, so
 // the loads cannot be removed.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <vector>
 
 #include "graph_timing.cuh"
 
@@ -206,6 +210,131 @@ __global__ void __launch_bounds__(384, 1) mma_units(const Piece* q, int n, int k
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
+// A TMA stream (the idea left open by the producer-warp trials in csrc/PERF.md): the shipped kernel's grid of
+// balanced 16-row tiles walked 32 rows at a time, each round's rows read kBoxBytes of each row per unit by one or
+// two tensor-map copies of 16 rows (the second only where the block's range has it), into a ring of kStages stages
+// in shared memory. One producer thread issues the copies; kConsumerWarps warps wait on each stage's "full"
+// mbarrier, read all of it with 16-byte shared loads and release it on its "empty" mbarrier. kSwizzled: the 3-D
+// map's swizzled stages, read as the mma's A fragments would be (warp w takes k-steps w, w + kConsumerWarps, ...;
+// lane (g, t) the 16 bytes t of rows g and g + 8 of each 16-row half); else the flat stages, read in order.
+__device__ __forceinline__ unsigned smem_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n wait:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+template <int kStages, int kBoxBytes, int kConsumerWarps, bool kSwizzled>
+__global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1)
+    tma_stream(const __grid_constant__ CUtensorMap map, int n, int k, uint32_t* sink) {
+  // The stages, then the mbarriers: no static shared memory, so the stages start where the 128-byte swizzle's
+  // 1024-byte pattern does (checked below).
+  extern __shared__ __align__(1024) unsigned char stages[];
+  constexpr int kStageBytes = 32 * kBoxBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tiles = (n + 15) / 16;
+  const int row_begin = (int)((long long)blockIdx.x * tiles / gridDim.x) * 16;
+  const int row_end = min(n, (int)((long long)(blockIdx.x + 1) * tiles / gridDim.x) * 16);
+  const int boxes_per_row = k / 2 / kBoxBytes;
+  const int units = (row_end - row_begin + 31) / 32 * boxes_per_row;
+  if (threadIdx.x == 0) {
+    if (kSwizzled && smem_address(stages) % 1024) __trap();
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(&full[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(&empty[s])), "r"(kConsumerWarps));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == kConsumerWarps) {  // the producer
+    if (lane == 0)
+      for (int i = 0; i < units; ++i) {
+        const int s = i % kStages, use = i / kStages;
+        if (use > 0) mbarrier_wait(&empty[s], (use - 1) & 1);
+        const int r0 = row_begin + i / boxes_per_row * 32, c0 = i % boxes_per_row * (kBoxBytes / 4);
+        const int halves = r0 + 16 < row_end ? 2 : 1;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(&full[s])),
+                     "r"(halves * 16 * kBoxBytes)
+                     : "memory");
+        for (int h = 0; h < halves; ++h) {
+          const unsigned dst = smem_address(stages + s * kStageBytes + h * 16 * kBoxBytes);
+          if (kSwizzled)
+            asm volatile(
+                "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {0, %2, %3}], "
+                "[%4];" ::"r"(dst),
+                "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0 / 32), "r"(r0 + 16 * h), "r"(smem_address(&full[s]))
+                : "memory");
+          else
+            asm volatile(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                "[%4];" ::"r"(dst),
+                "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(r0 + 16 * h), "r"(smem_address(&full[s]))
+                : "memory");
+        }
+      }
+    return;
+  }
+  uint32_t acc = 0;
+  for (int i = 0; i < units; ++i) {
+    const int s = i % kStages;
+    mbarrier_wait(&full[s], (i / kStages) & 1);
+    const Piece* stage = reinterpret_cast<const Piece*>(stages + s * kStageBytes);
+    if (kSwizzled) {
+      constexpr int kLines = kBoxBytes / 128;  // 128-byte lines per row in a stage; a k-step is half a line
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int step = warp; step < 2 * kLines; step += kConsumerWarps)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // rows g, g + 8 of the first 16-row half, then of the second
+          const int line = ((r >> 1) * 16 + g + 8 * (r & 1)) * kLines + step / 2, unit = (step % 2) * 4 + t;
+          acc ^= fold(stage[line * 8 + (unit ^ (line % 8))]);
+        }
+    } else {
+#pragma unroll
+      for (int p = threadIdx.x; p < kStageBytes / 16; p += kConsumerWarps * 32) acc ^= fold(stage[p]);
+    }
+    __syncwarp();
+    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(&empty[s])) : "memory");
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// A tensor map over one weight copy. 2-D: [n rows, k / 8 words], boxes of 16 rows x box_bytes, no swizzle. 3-D
+// (swizzled): [n rows, k / 256 lines of 128 bytes, 32 words], boxes of 16 rows x box_bytes / 128 lines, with the
+// 128-byte swizzle (16-byte unit u of line l lands at u ^ (l % 8)).
+CUtensorMap weight_map(const void* base, int n, int k, int box_bytes, bool swizzled) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess) {
+      std::printf("cuTensorMapEncodeTiled not found\n");
+      std::exit(1);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t flat_dims[2] = {(cuuint64_t)k / 8, (cuuint64_t)n}, flat_strides[1] = {(cuuint64_t)k / 2};
+  const cuuint32_t flat_box[2] = {(cuuint32_t)box_bytes / 4, 16};
+  const cuuint64_t line_dims[3] = {32, (cuuint64_t)k / 256, (cuuint64_t)n}, line_strides[2] = {128, (cuuint64_t)k / 2};
+  const cuuint32_t line_box[3] = {32, (cuuint32_t)box_bytes / 128, 16}, element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, swizzled ? 3 : 2, const_cast<void*>(base),
+                            swizzled ? line_dims : flat_dims, swizzled ? line_strides : flat_strides,
+                            swizzled ? line_box : flat_box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::printf("cuTensorMapEncodeTiled failed (%d) for n=%d k=%d box=%d\n", (int)r, n, k, box_bytes);
+    std::exit(1);
+  }
+  return map;
+}
+
 using Launch = void (*)(const Piece*, int, int, uint32_t*);
 struct Variant {
   const char* name;
@@ -248,6 +377,26 @@ int main() {
       SPLIT(4, 8, 16, true, true, "split d4 w8 rows16 rr async"),
       {"split d3 w12 rows32 regs + L2 prefetch 1 round ahead", skinny_split_prefetch<1>, 12, 0, false, 32},
       {"split d3 w12 rows32 regs + L2 prefetch 2 rounds ahead", skinny_split_prefetch<2>, 12, 0, false, 32}};
+  struct TmaVariant {
+    const char* name;
+    void (*kernel)(CUtensorMap, int, int, uint32_t*);
+    int stages, box_bytes, consumer_warps;
+    bool swizzled;
+  };
+  // Named "tma s<stages> box<bytes per row> c<consumer warps> [swizzled]": bytes in flight per block = stages x 32
+  // x box.
+#define TMA(S, B, C, SW, NAME) {NAME, tma_stream<S, B, C, SW>, S, B, C, SW}
+  const TmaVariant tma_variants[] = {TMA(16, 128, 4, false, "tma s16 box128 c4"),
+                                     TMA(8, 256, 4, false, "tma s8 box256 c4"),
+                                     TMA(12, 256, 8, false, "tma s12 box256 c8"),
+                                     TMA(6, 512, 8, false, "tma s6 box512 c8"),
+                                     TMA(4, 1024, 8, false, "tma s4 box1024 c8"),
+                                     TMA(6, 512, 8, true, "tma s6 box512 c8 swizzled, fragment reads"),
+                                     TMA(4, 1024, 8, true, "tma s4 box1024 c8 swizzled, fragment reads"),
+                                     TMA(3, 1024, 8, true, "tma s3 box1024 c8 swizzled, fragment reads")};
+  auto tma_shared_bytes = [](const TmaVariant& v) { return v.stages * (32 * v.box_bytes + 16); };  // + mbarriers
+  for (const TmaVariant& v : tma_variants)
+    CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, tma_shared_bytes(v)));
   for (const Variant& v : variants)
     if (v.async)
       CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.warps * v.depth * 2048));
@@ -273,6 +422,14 @@ int main() {
       const int shared = v.async ? v.warps * v.depth * 2048 : 0;
       report(v.name, per_call_us([&](int c, cudaStream_t st) {
                v.kernel<<<blocks, v.warps * 32, shared, st>>>(copy(c), s.n, s.k, sink);
+             }, copies));
+    }
+    for (const TmaVariant& v : tma_variants) {
+      std::vector<CUtensorMap> maps;
+      for (int c = 0; c < copies; ++c) maps.push_back(weight_map(copy(c), s.n, s.k, v.box_bytes, v.swizzled));
+      const int blocks = std::min(sms, (s.n + 15) / 16), shared = tma_shared_bytes(v);
+      report(v.name, per_call_us([&](int c, cudaStream_t st) {
+               v.kernel<<<blocks, (v.consumer_warps + 1) * 32, shared, st>>>(maps[c], s.n, s.k, sink);
              }, copies));
     }
   }
