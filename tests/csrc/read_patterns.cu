@@ -8,9 +8,6 @@
 // Protocol as bench_skinny.py: CUDA-graph replay over copies of the weights totalling 512 MB (>= 4x the L2),
 // median of 9 replays. Each kernel folds what it reads into a value it stores only if it hits a magic number, so
 // the loads cannot be removed.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -217,16 +214,6 @@ __global__ void __launch_bounds__(384, 1) mma_units(const Piece* q, int n, int k
 // mbarrier, read all of it with 16-byte shared loads and release it on its "empty" mbarrier. kSwizzled: the 3-D
 // map's swizzled stages, read as the mma's A fragments would be (warp w takes k-steps w, w + kConsumerWarps, ...;
 // lane (g, t) the 16 bytes t of rows g and g + 8 of each 16-row half); else the flat stages, read in order.
-__device__ __forceinline__ unsigned smem_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n wait:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait;\n}" ::"r"(smem_address(bar)),
-      "r"(parity)
-      : "memory");
-}
-
 template <int kStages, int kBoxBytes, int kConsumerWarps, bool kSwizzled>
 __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1)
     tma_stream(const __grid_constant__ CUtensorMap map, int n, int k, uint32_t* sink) {
@@ -302,37 +289,6 @@ __global__ void __launch_bounds__((kConsumerWarps + 1) * 32, 1)
     if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(&empty[s])) : "memory");
   }
   if (acc == 0x12345678u) sink[0] = acc;
-}
-
-// A tensor map over one weight copy. 2-D: [n rows, k / 8 words], boxes of 16 rows x box_bytes, no swizzle. 3-D
-// (swizzled): [n rows, k / 256 lines of 128 bytes, 32 words], boxes of 16 rows x box_bytes / 128 lines, with the
-// 128-byte swizzle (16-byte unit u of line l lands at u ^ (l % 8)).
-CUtensorMap weight_map(const void* base, int n, int k, int box_bytes, bool swizzled) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess) {
-      std::printf("cuTensorMapEncodeTiled not found\n");
-      std::exit(1);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  CUtensorMap map;
-  const cuuint64_t flat_dims[2] = {(cuuint64_t)k / 8, (cuuint64_t)n}, flat_strides[1] = {(cuuint64_t)k / 2};
-  const cuuint32_t flat_box[2] = {(cuuint32_t)box_bytes / 4, 16};
-  const cuuint64_t line_dims[3] = {32, (cuuint64_t)k / 256, (cuuint64_t)n}, line_strides[2] = {128, (cuuint64_t)k / 2};
-  const cuuint32_t line_box[3] = {32, (cuuint32_t)box_bytes / 128, 16}, element_strides[3] = {1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, swizzled ? 3 : 2, const_cast<void*>(base),
-                            swizzled ? line_dims : flat_dims, swizzled ? line_strides : flat_strides,
-                            swizzled ? line_box : flat_box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::printf("cuTensorMapEncodeTiled failed (%d) for n=%d k=%d box=%d\n", (int)r, n, k, box_bytes);
-    std::exit(1);
-  }
-  return map;
 }
 
 using Launch = void (*)(const Piece*, int, int, uint32_t*);

@@ -7,6 +7,7 @@
 //        -o /tmp/time_skinny tests/csrc/time_skinny.cu
 //   /tmp/time_skinny                      # the eight bench layers at M = 1, 5 and 8, plus three fp16 G = 32 cases
 //   TIME_SKINNY_LAYER=llama_gate_up /tmp/time_skinny     # M = 1 of one layer (for ncu)
+//   (built with -Itests/csrc -DTIME_SKINNY_TMA: the TMA-fed probe of tma_skinny.cuh instead, G = 128 symmetric)
 //
 // Protocol as bench_skinny.py, but single-block launches only (no clusters): CUDA-graph replay over >= 512 MB of
 // weight copies, median of 15 replays. Each line ends with a checksum of the last call's output (a weighted sum and
@@ -19,6 +20,9 @@
 
 #include "graph_timing.cuh"
 #include "skinny_mma.cuh"
+#if defined(TIME_SKINNY_TMA)  // the TMA-fed probe (tma_skinny.cuh) in place of the shipped kernel
+#include "tma_skinny.cuh"
+#endif
 
 using namespace w4a16;
 
@@ -111,10 +115,21 @@ const char* check_rows(int M, int n, int k, const char* qweight, const char* sca
 
 template <int M, typename Tag = Bf16Tag, int G = 128, bool kSymmetric = true>
 void time_layer(const char* name, int n, int k, int sms) {
-  auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
-  const int shared = tensor_core::shared_bytes(M, k);
   int limit = 0;
   CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+#if defined(TIME_SKINNY_TMA)
+  if constexpr (G != 128 || !kSymmetric) {
+    std::printf("%-22s M=%d skipped: the TMA probe takes G = 128, symmetric\n", name, M);
+    return;
+  }
+  // 6 stages where they fit (the TMA read probe's best), else 4.
+  const bool six = tma_probe::shared_bytes(6, M, k) <= limit;
+  auto kernel = six ? tma_probe::tma_skinny_kernel<Tag, M, 6> : tma_probe::tma_skinny_kernel<Tag, M, 4>;
+  const int shared = tma_probe::shared_bytes(six ? 6 : 4, M, k), threads = tma_probe::kThreads;
+#else
+  auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
+  const int shared = tensor_core::shared_bytes(M, k), threads = tensor_core::kThreads;
+#endif
   if (shared > limit) {
     std::printf("%-22s M=%d skipped: %d bytes of shared memory\n", name, M, shared);
     return;
@@ -145,10 +160,14 @@ void time_layer(const char* name, int n, int k, int sms) {
   CHECK(cudaMemset(out, 0xFF, (size_t)M * n * 2 * copies));  // NaN in fp16 and bf16
   fill_floats<Tag><<<256, 256>>>(x, (size_t)M * k, 99u, -1.f, 1.f);
   const int blocks = std::min(sms, (n + 15) / 16);
+#if defined(TIME_SKINNY_TMA)
+  std::vector<CUtensorMap> maps;
+  for (int c = 0; c < copies; ++c) maps.push_back(weight_map(qweight(c), n, k, tma_probe::kStageSteps * 64, true));
+#endif
   auto launch = [&](int c, cudaStream_t stream) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(blocks);
-    config.blockDim = dim3(tensor_core::kThreads);
+    config.blockDim = dim3(threads);
     config.dynamicSmemBytes = shared;
     config.stream = stream;
 #if defined(W4A16_PROGRAMMATIC_LAUNCH)  // a version of the kernel that waits for the kernel ahead of it
@@ -158,10 +177,15 @@ void time_layer(const char* name, int n, int k, int sms) {
     config.attrs = &programmatic;
     config.numAttrs = 1;
 #endif
+#if defined(TIME_SKINNY_TMA)
+    CHECK(cudaLaunchKernelEx(&config, kernel, maps[c], (const uint16_t*)x, reinterpret_cast<const uint16_t*>(scales(c)),
+                             out + (size_t)c * M * n, n, k));
+#else
     CHECK(cudaLaunchKernelEx(&config, kernel, (const uint16_t*)x, reinterpret_cast<const Words4*>(qweight(c)),
                              reinterpret_cast<const uint16_t*>(scales(c)),
                              kSymmetric ? nullptr : reinterpret_cast<const uint8_t*>(zeros(c)),
                              (const uint16_t*)nullptr, out + (size_t)c * M * n, n, k));
+#endif
   };
   const float us = graph_per_call_us(launch, copies, std::max(1, 64 / copies + 1), 15);
   std::vector<uint16_t> y((size_t)M * n);
