@@ -232,6 +232,24 @@ __device__ __forceinline__ const float* cluster_peer(float* p, int rank) {
 #endif
 }
 
+// A warp's partial sums of a round into its [M][kSplitKPartialStride] slice of `partials`, and its accumulators
+// back to zero. C fragment: acc[s][0..1] = rows s*16 + g, columns 2t, 2t+1; acc[s][2..3] = row + 8. Columns are x
+// rows.
+template <int M>
+__device__ __forceinline__ void store_partials(float (&acc)[kSubTiles][4], float* partials) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane >> 2, t = lane & 3;
+  float* mine = partials + warp * M * kSplitKPartialStride;
+#pragma unroll
+  for (int s = 0; s < kSubTiles; ++s)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 2 * t + (e & 1), row = s * 16 + g + (e >> 1) * 8;
+      if (m < M) mine[m * kSplitKPartialStride + row] = acc[s][e];
+      acc[s][e] = 0.f;
+    }
+}
+
 // The end of round `round` (rows row_begin + round * kSplitKTileRows onwards): every warp's partial sums meet in
 // shared memory and the block's threads add them up, one output each, in a fixed order (deterministic). A block
 // on its own then adds the bias and stores. In a cluster, the block keeps its sums in a round slot; when the slots
@@ -244,18 +262,7 @@ __device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* 
                                              int round, int rounds, int row_begin, int row_end,
                                              const uint16_t* __restrict__ bias, uint16_t* __restrict__ out, int n,
                                              Cluster cluster) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int g = lane >> 2, t = lane & 3;
-  // C fragment: acc[s][0..1] = rows s*16 + g, columns 2t, 2t+1; acc[s][2..3] = row + 8. Columns are x rows.
-  float* mine = partials + warp * M * kSplitKPartialStride;
-#pragma unroll
-  for (int s = 0; s < kSubTiles; ++s)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 2 * t + (e & 1), row = s * 16 + g + (e >> 1) * 8;
-      if (m < M) mine[m * kSplitKPartialStride + row] = acc[s][e];
-      acc[s][e] = 0.f;
-    }
+  store_partials<M>(acc, partials);
   __syncthreads();
   // Output i of a round is x row i / kSplitKTileRows, weight row i % kSplitKTileRows of the round.
   constexpr int kOutputs = M * kSplitKTileRows;

@@ -48,16 +48,7 @@ __device__ __forceinline__ void consumers_sync() {
 template <typename Tag, int M>
 __device__ __forceinline__ void finish_round(float (&acc)[kSubTiles][4], float* partials, int r0, int row_end,
                                              uint16_t* __restrict__ out, int n) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
-  float* mine = partials + warp * M * kSplitKPartialStride;
-#pragma unroll
-  for (int s = 0; s < kSubTiles; ++s)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 2 * t + (e & 1), row = s * 16 + g + (e >> 1) * 8;
-      if (m < M) mine[m * kSplitKPartialStride + row] = acc[s][e];
-      acc[s][e] = 0.f;
-    }
+  tensor_core::store_partials<M>(acc, partials);
   consumers_sync();
   for (int i = threadIdx.x; i < M * kSplitKTileRows; i += kConsumerWarps * 32) {
     const int m = i / kSplitKTileRows, row = r0 + i % kSplitKTileRows;
