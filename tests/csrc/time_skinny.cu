@@ -7,7 +7,7 @@
 //        -o /tmp/time_skinny tests/csrc/time_skinny.cu
 //   /tmp/time_skinny                      # the eight bench layers at M = 1, 5 and 8, plus three fp16 G = 32 cases
 //   TIME_SKINNY_LAYER=llama_gate_up /tmp/time_skinny     # M = 1 of one layer (for ncu)
-//   (built with -Itests/csrc -DTIME_SKINNY_TMA: the TMA-fed probe of tma_skinny.cuh instead, G = 128 symmetric)
+//   (built with -DTIME_SKINNY_TMA: the TMA-fed probe of tma_skinny.cuh instead; G = 128, symmetric, K % 256 == 0)
 //
 // Protocol as bench_skinny.py, but single-block launches only (no clusters): CUDA-graph replay over >= 512 MB of
 // weight copies, median of 15 replays. Each line ends with a checksum of the last call's output (a weighted sum and
@@ -118,8 +118,8 @@ void time_layer(const char* name, int n, int k, int sms) {
   int limit = 0;
   CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
 #if defined(TIME_SKINNY_TMA)
-  if constexpr (G != 128 || !kSymmetric) {
-    std::printf("%-22s M=%d skipped: the TMA probe takes G = 128, symmetric\n", name, M);
+  if (G != 128 || !kSymmetric || k % 256) {
+    std::printf("%-22s M=%d skipped: the TMA probe takes G = 128, symmetric, K %% 256 == 0\n", name, M);
     return;
   }
   // 6 stages where they fit (the TMA read probe's best), else 4.
