@@ -6,6 +6,7 @@
     python3 tests/csrc/ab_skinny.py old/ .                 # a directory holding a csrc/ (no git history needed)
     python3 tests/csrc/ab_skinny.py . tests/csrc/variants/*.patch   # the working tree's csrc/ with each patch
     python3 tests/csrc/ab_skinny.py --export DIR tests/csrc/variants/bound-no-meta-loads.patch  # DIR/csrc, patched
+    python3 tests/csrc/ab_skinny.py . .+TIME_SKINNY_TMA  # "+NAME": the harness built with -DNAME (here the TMA probe)
 
 Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
 cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`
@@ -150,8 +151,19 @@ def apply_patch(patch: Path, into: Path) -> Path:
     return into / "csrc"
 
 
-def build(csrc: Path, binary: Path) -> None:
-    result = subprocess.run(["nvcc", *NVCC_FLAGS, f"-I{csrc}", f"-I{HARNESS.parent}", "-o", str(binary),
+# A version's "+NAME" suffix: build the harness with -DNAME (time_skinny.cu's TIME_SKINNY_TMA times the TMA probe of
+# tma_skinny.cuh instead of the kernel).
+_DEFINE = re.compile(r"^(?P<version>.+)\+(?P<define>[A-Z][A-Z0-9_]*)$")
+
+
+def split_define(version: str) -> tuple[str, list[str]]:
+    """(the version without its "+NAME" suffix, the nvcc flags the suffix asks for)."""
+    match = _DEFINE.match(version)
+    return (match["version"], [f"-D{match['define']}"]) if match else (version, [])
+
+
+def build(csrc: Path, binary: Path, flags: list[str]) -> None:
+    result = subprocess.run(["nvcc", *NVCC_FLAGS, *flags, f"-I{csrc}", f"-I{HARNESS.parent}", "-o", str(binary),
                              str(HARNESS)], capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"building against {csrc} failed:\n{result.stdout}{result.stderr}")
@@ -161,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("versions", nargs="+",
                         help="git revisions of csrc/, . for the working tree, patches of it (.patch), or directories "
-                             "holding a csrc/")
+                             "holding a csrc/; any of them with +NAME: the harness built with -DNAME")
     parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
     parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
     parser.add_argument("--export", metavar="DIR", type=Path,
@@ -178,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ab_skinny_") as tmp:
         work = Path(tmp)
         binaries = [work / f"time_skinny_{i}" for i in range(len(args.versions))]
-        sources = [export_csrc(v, work / f"src_{i}") for i, v in enumerate(args.versions)]
+        versions = [split_define(v) for v in args.versions]
+        sources = [export_csrc(v, work / f"src_{i}") for i, (v, _) in enumerate(versions)]
         with concurrent.futures.ThreadPoolExecutor() as pool:
-            list(pool.map(build, sources, binaries))
+            list(pool.map(build, sources, binaries, [flags for _, flags in versions]))
         runs: list[list[dict[str, Case]]] = [[] for _ in binaries]
         for p in range(args.passes):
             for i, binary in enumerate(binaries):

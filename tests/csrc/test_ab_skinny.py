@@ -54,6 +54,13 @@ def test_table_gives_ratios_checksum_changes_and_failures():
     assert "| geometric mean (range) | - | 1.000x (1.000-1.000x) |" in text
 
 
+def test_split_define_reads_a_build_flag_suffix():
+    assert ab.split_define(".+TIME_SKINNY_TMA") == (".", ["-DTIME_SKINNY_TMA"])
+    assert ab.split_define("HEAD~2+TIME_SKINNY_TMA") == ("HEAD~2", ["-DTIME_SKINNY_TMA"])
+    assert ab.split_define("tests/csrc/variants/l2-256B.patch") == ("tests/csrc/variants/l2-256B.patch", [])
+    assert ab.split_define("old+dir/") == ("old+dir/", [])  # a "+" in a path is not a flag
+
+
 def test_export_csrc_of_a_revision(tmp_path):
     csrc = ab.export_csrc("HEAD", tmp_path / "v")
     assert (csrc / "skinny_mma.cuh").is_file() and (csrc / "portability.h").is_file()
