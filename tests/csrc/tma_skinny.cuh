@@ -1,6 +1,7 @@
 // A timing probe, not the shipped kernel: skinny_mma.cuh's arithmetic fed by a TMA weight stream (csrc/PERF.md,
-// "A TMA weight stream"). bf16 or fp16, G = 128, symmetric only. tests/csrc/time_skinny.cu times it in place of the
-// shipped kernel when built with -DTIME_SKINNY_TMA, with the same float64 check.
+// "The kernel's arithmetic on the TMA stream"). bf16 or fp16, G = 128, symmetric, K % 256 == 0 only.
+// tests/csrc/time_skinny.cu times it in place of the shipped kernel when built with -DTIME_SKINNY_TMA, with the same
+// float64 check.
 //
 // The block: one producer warp and kConsumerWarps consumer warps. A block owns the shipped kernel's balanced range
 // of 16-row tiles, walked 32 rows (a round) at a time. The producer's first lane copies each round's rows a stage at
