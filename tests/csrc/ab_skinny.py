@@ -7,6 +7,7 @@
     python3 tests/csrc/ab_skinny.py . tests/csrc/variants/*.patch   # the working tree's csrc/ with each patch
     python3 tests/csrc/ab_skinny.py --export DIR tests/csrc/variants/bound-no-meta-loads.patch  # DIR/csrc, patched
     python3 tests/csrc/ab_skinny.py . .+TIME_SKINNY_TMA  # "+NAME": the harness built with -DNAME (here the TMA probe)
+    python3 tests/csrc/ab_skinny.py .+TIME_SKINNY_TMA .+TIME_SKINNY_TMA+TMA_STAGES=8   # several: -D for each
 
 Each version's csrc/ is built into tests/csrc/time_skinny.cu (the working tree's, so every version runs the same
 cases, checks and timer; the builds run in parallel, about 10 s each). The binaries then run in turn, `--passes`
@@ -151,15 +152,17 @@ def apply_patch(patch: Path, into: Path) -> Path:
     return into / "csrc"
 
 
-# A version's "+NAME" suffix: build the harness with -DNAME (time_skinny.cu's TIME_SKINNY_TMA times the TMA probe of
-# tma_skinny.cuh instead of the kernel).
-_DEFINE = re.compile(r"^(?P<version>.+)\+(?P<define>[A-Z][A-Z0-9_]*)$")
+# A version's "+NAME" or "+NAME=NUMBER" suffixes: build the harness with -DNAME[=NUMBER] for each (time_skinny.cu's TIME_SKINNY_TMA times the
+# TMA probe of tma_skinny.cuh instead of the kernel).
+_DEFINES = re.compile(r"^(?P<version>.+?)(?P<defines>(?:\+[A-Z][A-Z0-9_]*(?:=[0-9]+)?)+)$")
 
 
 def split_define(version: str) -> tuple[str, list[str]]:
-    """(the version without its "+NAME" suffix, the nvcc flags the suffix asks for)."""
-    match = _DEFINE.match(version)
-    return (match["version"], [f"-D{match['define']}"]) if match else (version, [])
+    """(the version without its "+NAME" suffixes, the nvcc flags they ask for)."""
+    match = _DEFINES.match(version)
+    if not match:
+        return version, []
+    return match["version"], [f"-D{name}" for name in match["defines"].split("+")[1:]]
 
 
 def build(csrc: Path, binary: Path, flags: list[str]) -> None:
@@ -173,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("versions", nargs="+",
                         help="git revisions of csrc/, . for the working tree, patches of it (.patch), or directories "
-                             "holding a csrc/; any of them with +NAME: the harness built with -DNAME")
+                             "holding a csrc/; any of them with +NAME suffixes: the harness built with "
+                             "-DNAME for each")
     parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
     parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
     parser.add_argument("--export", metavar="DIR", type=Path,

@@ -59,6 +59,9 @@ def test_split_define_reads_a_build_flag_suffix():
     assert ab.split_define("HEAD~2+TIME_SKINNY_TMA") == ("HEAD~2", ["-DTIME_SKINNY_TMA"])
     assert ab.split_define("tests/csrc/variants/l2-256B.patch") == ("tests/csrc/variants/l2-256B.patch", [])
     assert ab.split_define("old+dir/") == ("old+dir/", [])  # a "+" in a path is not a flag
+    assert ab.split_define(".+TIME_SKINNY_TMA+NO_MMA") == (".", ["-DTIME_SKINNY_TMA", "-DNO_MMA"])
+    assert ab.split_define("old+dir/+A") == ("old+dir/", ["-DA"])
+    assert ab.split_define(".+A+STAGES=8") == (".", ["-DA", "-DSTAGES=8"])
 
 
 def test_export_csrc_of_a_revision(tmp_path):

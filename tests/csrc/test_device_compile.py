@@ -141,11 +141,16 @@ def test_asm_summary_text(compiled, tmp_path):
         skinny_build.asm_summary("sm_75", tmp_path)
 
 
+_PROBE_LEAVE_OUTS = ["-DLOO_NO_SCALES", "-DLOO_NO_MMA", "-DLOO_NO_ROUND_END", "-DLOO_NO_X"]
+
+
 @pytest.mark.parametrize(("program", "defines"), [("read_patterns.cu", []), ("time_skinny.cu", []),
-                                                  ("time_skinny.cu", ["-DTIME_SKINNY_TMA"])])
+                                                  ("time_skinny.cu", ["-DTIME_SKINNY_TMA"]),
+                                                  ("time_skinny.cu", ["-DTIME_SKINNY_TMA", "-DTMA_STAGES=8",
+                                                                      *_PROBE_LEAVE_OUTS])])
 def test_timing_programs_compile(program, defines, tmp_path):
     """The standalone timing programs csrc/PERF.md cites (weight-stream ceilings, kernel variants, the TMA-fed
-    probe) still build for sm_90 against the current headers. A table entry missing a field compiles to a zero there
+    probe and its leave-one-out switches) still build for sm_90 against the current headers. A table entry missing a field compiles to a zero there
     (read_patterns.cu once divided by a zero grid_rows on the GPU machine), so that warning is an error."""
     nvcc = skinny_build.nvcc_path()
     require_tool(nvcc is not None, _tool_reason("sm_90") or "nvcc")

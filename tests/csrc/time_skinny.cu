@@ -7,7 +7,8 @@
 //        -o /tmp/time_skinny tests/csrc/time_skinny.cu
 //   /tmp/time_skinny                      # the eight bench layers at M = 1, 5 and 8, plus three fp16 G = 32 cases
 //   TIME_SKINNY_LAYER=llama_gate_up /tmp/time_skinny     # M = 1 of one layer (for ncu)
-//   (built with -DTIME_SKINNY_TMA: the TMA-fed probe of tma_skinny.cuh instead; G = 128, symmetric, K % 256 == 0)
+//   (built with -DTIME_SKINNY_TMA: the TMA-fed probe of tma_skinny.cuh instead; G = 128, symmetric, K % 256 == 0;
+//   -DTMA_STAGES=N: its ring's stages, 6 by default, 4 where N do not fit)
 //
 // Protocol as bench_skinny.py, but single-block launches only (no clusters): CUDA-graph replay over >= 512 MB of
 // weight copies, median of 15 replays. Each line ends with a checksum of the last call's output (a weighted sum and
@@ -122,10 +123,13 @@ void time_layer(const char* name, int n, int k, int sms) {
     std::printf("%-22s M=%d skipped: the TMA probe takes G = 128, symmetric, K %% 256 == 0\n", name, M);
     return;
   }
-  // 6 stages where they fit (the TMA read probe's best), else 4.
-  const bool six = tma_probe::shared_bytes(6, M, k) <= limit;
-  auto kernel = six ? tma_probe::tma_skinny_kernel<Tag, M, 6> : tma_probe::tma_skinny_kernel<Tag, M, 4>;
-  const int shared = tma_probe::shared_bytes(six ? 6 : 4, M, k), threads = tma_probe::kThreads;
+#if !defined(TMA_STAGES)
+#define TMA_STAGES 6
+#endif
+  // TMA_STAGES stages where they fit (6: the TMA read probe's best), else 4.
+  const bool fits = tma_probe::shared_bytes(TMA_STAGES, M, k) <= limit;
+  auto kernel = fits ? tma_probe::tma_skinny_kernel<Tag, M, TMA_STAGES> : tma_probe::tma_skinny_kernel<Tag, M, 4>;
+  const int shared = tma_probe::shared_bytes(fits ? TMA_STAGES : 4, M, k), threads = tma_probe::kThreads;
 #else
   auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
   const int shared = tensor_core::shared_bytes(M, k), threads = tensor_core::kThreads;

@@ -14,6 +14,11 @@
 // left them waiting on those loads (ncu: 20% of the samples at their first use). At a round's end the consumers add
 // their partial sums in shared memory (a named barrier that the producer is not part of, so the stream runs on
 // through it).
+//
+// Leave-one-out switches, for timing only (the results are wrong; csrc/PERF.md, "Where the probe's time goes"):
+// LOO_NO_SCALES (no scale copies, every scale 1.0), LOO_NO_MMA (the units' words folded into the sums instead of
+// dequantized and multiplied), LOO_NO_ROUND_END (the partial sums meet only at the last round's end), LOO_NO_X (x
+// not staged). TMA_LOOKAHEAD: each consumer takes its next unit before computing the current one.
 #pragma once
 
 #include "graph_timing.cuh"
@@ -84,7 +89,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (smem_address(ring) % 1024) __trap();
     for (int s = 0; s < kStages; ++s) {
       // "full": the copies' arrive (with their bytes) and one arrive per producer lane for its scale copies
+#if defined(LOO_NO_SCALES)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(&full[s])));
+#else
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 33;" ::"r"(smem_address(&full[s])));
+#endif
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(&empty[s])), "r"(kConsumerWarps));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -109,6 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               "l"(reinterpret_cast<uint64_t>(&map)), "r"(step0 / 2), "r"(r0 + 16 * h), "r"(smem_address(&full[s]))
               : "memory");
       }
+#if !defined(LOO_NO_SCALES)
       // The stage's scales, 4 bytes (two k-steps of a row) per copy; rows past the range and k-steps past K read
       // valid neighbours, never used. groups is even for every K the probe times (K % 256 == 0).
 #pragma unroll
@@ -120,12 +130,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                      : "memory");
       }
       asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_address(&full[s])) : "memory");
+#endif
     }
     return;
   }
   // x: each consumer warp stages the k-steps it reads (w, w + kStageSteps, ...), so no barrier is needed.
   constexpr int kPieces = tensor_core::kSlicePieces;  // 16-byte pieces of x per row and k-step
+#if defined(LOO_NO_X)
+  const int x_steps = 0;
+#else
   const int x_steps = (steps - warp + kStageSteps - 1) / kStageSteps;
+#endif
   for (int i = lane; i < M * x_steps * kPieces; i += 32) {
     const int slice = i / kPieces, piece = i % kPieces;
     const int m = slice % M, step = warp + slice / M * kStageSteps, c = step * 4 + piece / 4;
@@ -137,11 +152,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int g = lane >> 2, t = lane & 3;
   float acc[kSubTiles][4] = {};
-  int s = 0, phase = 0, round = 0, stage_of_round = 0;
-  for (int i = 0; i < units; ++i) {
-    const int step = stage_of_round * kStageSteps + warp, r0 = row_begin + round * kSplitKTileRows;
-    const bool live = step < steps;
-    Unit u;
+  // Unit `warp` of stage s into u (nothing where the k-step is past K), then the stage is freed.
+  auto take = [&](int s, int phase, bool live, Unit& u) {
     mbarrier_wait(&full[s], phase);
     if (live) {
       const Words4* stage = reinterpret_cast<const Words4*>(ring + s * kStageBytes);
@@ -151,20 +163,52 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int h = 0; h < 2; ++h) {  // chunk t of k-step `warp` of row sub * 16 + g + 8h, swizzled
           const int line = (sub * 16 + g + 8 * h) * kStageLines + warp / 2, piece = (warp % 2) * 4 + t;
           u.w[sub][h] = stage[line * 8 + (piece ^ (line % 8))];
+#if defined(LOO_NO_SCALES)
+          u.scale[sub][h] = 0x3c00;
+#else
           u.scale[sub][h] = stage_scales[s * kStageScaleBytes / 2 + (sub * 16 + g + 8 * h) * kStageSteps + warp];
+#endif
           u.zero[sub][h] = 8;
         }
     }
     __syncwarp();
     if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(&empty[s])) : "memory");
-    if (live) tensor_core::mma_unit<Tag, 128, M>(acc, u, xs, step, chunks, lane);
-    if (++s == kStages) s = 0, phase ^= 1;
-    if (++stage_of_round == stages_per_round) {
-      finish_round<Tag, M>(acc, partials, r0, row_end, out, n);
-      stage_of_round = 0;
-      ++round;
-    }
+  };
+  auto step_of = [&](int i) { return i % stages_per_round * kStageSteps + warp; };
+  auto compute = [&](const Unit& u, int step) {
+#if defined(LOO_NO_MMA)
+    for (int sub = 0; sub < kSubTiles; ++sub)
+      for (int h = 0; h < 2; ++h) acc[sub][h] += (float)((u.w[sub][h].w[0] ^ u.w[sub][h].w[3]) & 7) + u.scale[sub][h];
+#else
+    tensor_core::mma_unit<Tag, 128, M>(acc, u, xs, step, chunks, lane);
+#endif
+  };
+  auto end_of_round = [&](int i) {
+    if ((i + 1) % stages_per_round) return;
+#if defined(LOO_NO_ROUND_END)
+    if (i != units - 1) return;
+#endif
+    finish_round<Tag, M>(acc, partials, row_begin + i / stages_per_round * kSplitKTileRows, row_end, out, n);
+  };
+#if defined(TMA_LOOKAHEAD)
+  // Unit i + 1 is taken before unit i is computed, so a stage is freed as soon as it lands, not after the
+  // arithmetic of the unit before it.
+  Unit current, next;
+  if (units > 0) take(0, 0, step_of(0) < steps, current);
+  for (int i = 0; i < units; ++i) {
+    if (i + 1 < units) take((i + 1) % kStages, (i + 1) / kStages & 1, step_of(i + 1) < steps, next);
+    if (step_of(i) < steps) compute(current, step_of(i));
+    end_of_round(i);
+    current = next;
   }
+#else
+  for (int i = 0; i < units; ++i) {
+    Unit u;
+    take(i % kStages, i / kStages & 1, step_of(i) < steps, u);
+    if (step_of(i) < steps) compute(u, step_of(i));
+    end_of_round(i);
+  }
+#endif
 }
 
 }  // namespace tma_probe
