@@ -18,7 +18,7 @@
 // Leave-one-out switches, for timing only (the results are wrong; csrc/PERF.md, "Where the probe's time goes"):
 // LOO_NO_SCALES (no scale copies, every scale 1.0), LOO_NO_MMA (the units' words folded into the sums instead of
 // dequantized and multiplied), LOO_NO_ROUND_END (the partial sums meet only at the last round's end), LOO_NO_X (x
-// not staged). TMA_LOOKAHEAD: each consumer takes its next unit before computing the current one.
+// not staged).
 #pragma once
 
 #include "graph_timing.cuh"
@@ -174,7 +174,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(&empty[s])) : "memory");
   };
-  auto step_of = [&](int i) { return i % stages_per_round * kStageSteps + warp; };
   auto compute = [&](const Unit& u, int step) {
 #if defined(LOO_NO_MMA)
     for (int sub = 0; sub < kSubTiles; ++sub)
@@ -183,32 +182,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     tensor_core::mma_unit<Tag, 128, M>(acc, u, xs, step, chunks, lane);
 #endif
   };
-  auto end_of_round = [&](int i) {
-    if ((i + 1) % stages_per_round) return;
-#if defined(LOO_NO_ROUND_END)
-    if (i != units - 1) return;
-#endif
-    finish_round<Tag, M>(acc, partials, row_begin + i / stages_per_round * kSplitKTileRows, row_end, out, n);
-  };
-#if defined(TMA_LOOKAHEAD)
-  // Unit i + 1 is taken before unit i is computed, so a stage is freed as soon as it lands, not after the
-  // arithmetic of the unit before it.
-  Unit current, next;
-  if (units > 0) take(0, 0, step_of(0) < steps, current);
+  int s = 0, phase = 0, round = 0, stage_of_round = 0;
   for (int i = 0; i < units; ++i) {
-    if (i + 1 < units) take((i + 1) % kStages, (i + 1) / kStages & 1, step_of(i + 1) < steps, next);
-    if (step_of(i) < steps) compute(current, step_of(i));
-    end_of_round(i);
-    current = next;
-  }
-#else
-  for (int i = 0; i < units; ++i) {
+    const int step = stage_of_round * kStageSteps + warp;
+    const bool live = step < steps;
     Unit u;
-    take(i % kStages, i / kStages & 1, step_of(i) < steps, u);
-    if (step_of(i) < steps) compute(u, step_of(i));
-    end_of_round(i);
-  }
+    take(s, phase, live, u);
+    if (live) compute(u, step);
+    if (++s == kStages) s = 0, phase ^= 1;
+    if (++stage_of_round == stages_per_round) {
+#if defined(LOO_NO_ROUND_END)
+      if (i == units - 1)
 #endif
+        finish_round<Tag, M>(acc, partials, row_begin + round * kSplitKTileRows, row_end, out, n);
+      stage_of_round = 0;
+      ++round;
+    }
+  }
 }
 
 }  // namespace tma_probe
