@@ -147,7 +147,7 @@ _PROBE_LEAVE_OUTS = ["-DLOO_NO_SCALES", "-DLOO_NO_MMA", "-DLOO_NO_ROUND_END", "-
 @pytest.mark.parametrize(("program", "defines"), [("read_patterns.cu", []), ("time_skinny.cu", []),
                                                   ("time_skinny.cu", ["-DTIME_SKINNY_TMA"]),
                                                   ("time_skinny.cu", ["-DTIME_SKINNY_TMA", "-DTMA_STAGES=8",
-                                                                      *_PROBE_LEAVE_OUTS])])
+                                                                      "-DTMA_CONSUMERS=12", *_PROBE_LEAVE_OUTS])])
 def test_timing_programs_compile(program, defines, tmp_path):
     """The standalone timing programs csrc/PERF.md cites (weight-stream ceilings, kernel variants, the TMA-fed
     probe and its leave-one-out switches) still build for sm_90 against the current headers. A table entry missing a field compiles to a zero there

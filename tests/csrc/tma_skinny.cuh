@@ -18,7 +18,7 @@
 // Leave-one-out switches, for timing only (the results are wrong; csrc/PERF.md, "Where the probe's time goes"):
 // LOO_NO_SCALES (no scale copies, every scale 1.0), LOO_NO_MMA (the units' words folded into the sums instead of
 // dequantized and multiplied), LOO_NO_ROUND_END (the partial sums meet only at the last round's end), LOO_NO_X (x
-// not staged).
+// not staged). TMA_CONSUMERS (even; 8 by default) sets the consumer warps and with them the k-steps per stage.
 #pragma once
 
 #include "graph_timing.cuh"
@@ -30,11 +30,15 @@ namespace tma_probe {
 using tensor_core::kSubTiles;
 using tensor_core::Unit;
 
-constexpr int kConsumerWarps = 8;
+#if !defined(TMA_CONSUMERS)
+#define TMA_CONSUMERS 8
+#endif
+constexpr int kConsumerWarps = TMA_CONSUMERS;
+static_assert(kConsumerWarps % 2 == 0, "a stage holds whole 128-byte lines: two k-steps each");
 constexpr int kStageSteps = kConsumerWarps;                      // one k-step per consumer warp
 constexpr int kLineBytes = 128;                                  // the swizzle's line: two k-steps of a row
 constexpr int kStageLines = kStageSteps * 64 / kLineBytes;       // lines per row in a stage
-constexpr int kStageBytes = kSplitKTileRows * kStageSteps * 64;  // 16 KB
+constexpr int kStageBytes = kSplitKTileRows * kStageSteps * 64;  // 16 KB with 8 consumers
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr int kStageScaleBytes = kSplitKTileRows * kStageSteps * 2;  // a stage's scales: [32 rows][8 k-steps]
 
