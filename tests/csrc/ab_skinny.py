@@ -152,8 +152,8 @@ def apply_patch(patch: Path, into: Path) -> Path:
     return into / "csrc"
 
 
-# A version's "+NAME" or "+NAME=NUMBER" suffixes: build the harness with -DNAME[=NUMBER] for each (time_skinny.cu's TIME_SKINNY_TMA times the
-# TMA probe of tma_skinny.cuh instead of the kernel).
+# A version's "+NAME" or "+NAME=NUMBER" suffixes: build the harness with -DNAME[=NUMBER] for each (time_skinny.cu's
+# TIME_SKINNY_TMA times the TMA probe of tma_skinny.cuh instead of the kernel).
 _DEFINES = re.compile(r"^(?P<version>.+?)(?P<defines>(?:\+[A-Z][A-Z0-9_]*(?:=[0-9]+)?)+)$")
 
 
@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("versions", nargs="+",
                         help="git revisions of csrc/, . for the working tree, patches of it (.patch), or directories "
-                             "holding a csrc/; any of them with +NAME suffixes: the harness built with "
-                             "-DNAME for each")
+                             "holding a csrc/; any of them with +NAME or +NAME=NUMBER suffixes: the harness "
+                             "built with -DNAME[=NUMBER] for each")
     parser.add_argument("--passes", type=int, default=2, help="runs of each binary, interleaved (default 2)")
     parser.add_argument("--layer", help="one layer at M = 1 only (TIME_SKINNY_LAYER)")
     parser.add_argument("--export", metavar="DIR", type=Path,

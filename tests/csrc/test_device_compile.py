@@ -150,8 +150,9 @@ _PROBE_LEAVE_OUTS = ["-DLOO_NO_SCALES", "-DLOO_NO_MMA", "-DLOO_NO_ROUND_END", "-
                                                                       "-DTMA_CONSUMERS=12", *_PROBE_LEAVE_OUTS])])
 def test_timing_programs_compile(program, defines, tmp_path):
     """The standalone timing programs csrc/PERF.md cites (weight-stream ceilings, kernel variants, the TMA-fed
-    probe and its leave-one-out switches) still build for sm_90 against the current headers. A table entry missing a field compiles to a zero there
-    (read_patterns.cu once divided by a zero grid_rows on the GPU machine), so that warning is an error."""
+    probe and its switches) still build for sm_90 against the current headers. A table entry missing a field
+    compiles to a zero there (read_patterns.cu once divided by a zero grid_rows on the GPU machine), so that warning
+    is an error."""
     nvcc = skinny_build.nvcc_path()
     require_tool(nvcc is not None, _tool_reason("sm_90") or "nvcc")
     subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", f"-I{skinny_build.CSRC}",

@@ -16,9 +16,10 @@
 // through it).
 //
 // Leave-one-out switches, for timing only (the results are wrong; csrc/PERF.md, "Where the probe's time goes"):
-// LOO_NO_SCALES (no scale copies, every scale 1.0), LOO_NO_MMA (the units' words folded into the sums instead of
-// dequantized and multiplied), LOO_NO_ROUND_END (the partial sums meet only at the last round's end), LOO_NO_X (x
-// not staged). TMA_CONSUMERS (even; 8 by default) sets the consumer warps and with them the k-steps per stage.
+// LOO_NO_SCALES (no scale copies, every scale one constant), LOO_NO_MMA (the units' words folded into the sums
+// instead of dequantized and multiplied), LOO_NO_ROUND_END (the partial sums meet only at the last round's end),
+// LOO_NO_X (x not staged). TMA_CONSUMERS (even; 8 by default) sets the consumer warps and with them the k-steps per
+// stage.
 #pragma once
 
 #include "graph_timing.cuh"
@@ -40,7 +41,7 @@ constexpr int kLineBytes = 128;                                  // the swizzle'
 constexpr int kStageLines = kStageSteps * 64 / kLineBytes;       // lines per row in a stage
 constexpr int kStageBytes = kSplitKTileRows * kStageSteps * 64;  // 16 KB with 8 consumers
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
-constexpr int kStageScaleBytes = kSplitKTileRows * kStageSteps * 2;  // a stage's scales: [32 rows][8 k-steps]
+constexpr int kStageScaleBytes = kSplitKTileRows * kStageSteps * 2;  // a stage's scales: [32 rows][its k-steps]
 
 // Dynamic shared memory: the stages (first: the swizzle's pattern repeats every 1024 bytes), their scales, x, the
 // consumers' partial sums, the mbarriers.
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem[];
   const int chunks = k / kChunkK, steps = k / 128, groups = k / 128;
   unsigned char* ring = smem;
-  uint16_t* stage_scales = reinterpret_cast<uint16_t*>(smem + kStages * kStageBytes);  // [kStages][32][8]
+  uint16_t* stage_scales = reinterpret_cast<uint16_t*>(smem + kStages * kStageBytes);  // [kStages][32][kStageSteps]
   Words4* xs = reinterpret_cast<Words4*>(smem + kStages * (kStageBytes + kStageScaleBytes));
   float* partials = reinterpret_cast<float*>(xs + M * chunks * 4);
   uint64_t* full = reinterpret_cast<uint64_t*>(partials + kConsumerWarps * M * kSplitKPartialStride);
