@@ -465,6 +465,84 @@ def test_device_clock_moves_only_by_reported_time():
     assert str(NameWrapper(timing.device_clock)) == "w4a16.bench.timing.device_clock"
 
 
+class FakeNvml:
+    """NVML's two calls that ClockState makes, answering from a script of throttle reasons (the last one repeats)."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, reasons: list[int], sm_mhz: int = 1980) -> None:
+        self.reasons, self.mhz, self.reads = list(reasons), sm_mhz, 0
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        self.reads += 1
+        return self.reasons.pop(0) if len(self.reasons) > 1 else self.reasons[0]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        assert clock == self.NVML_CLOCK_SM
+        return self.mhz
+
+
+def fake_time():
+    """(sleep, now) advancing a fake monotonic clock only when slept."""
+    t = [0.0]
+    return (lambda seconds: t.__setitem__(0, t[0] + seconds)), (lambda: t[0])
+
+
+def test_slowdown_reasons_are_the_power_and_thermal_ones():
+    gpu_idle, app_clocks, sw_power_cap, sw_thermal = 0x1, 0x2, 0x4, 0x20
+    clocks = timing.ClockState(FakeNvml([gpu_idle | app_clocks, gpu_idle | sw_power_cap, sw_thermal]), None)
+    assert clocks.slowdown() == 0
+    assert clocks.slowdown() == sw_power_cap
+    assert clocks.slowdown() == sw_thermal
+    assert clocks.sm_mhz() == 1980
+
+
+def test_cool_down_waits_idle_until_the_power_cap_clears():
+    nvml = FakeNvml([0x4, 0x4, 0x4, 0x1])
+    sleep, now = fake_time()
+    waited = timing.cool_down(timing.ClockState(nvml, None), max_seconds=3.0, poll_seconds=0.02, sleep=sleep, now=now)
+    assert waited == pytest.approx(0.06) and nvml.reads == 4
+    # already clear: no wait at all
+    assert timing.cool_down(timing.ClockState(FakeNvml([0x0]), None), sleep=sleep, now=now) == 0.0
+
+
+def test_cool_down_gives_up_after_its_limit():
+    sleep, now = fake_time()
+    waited = timing.cool_down(timing.ClockState(FakeNvml([0x40]), None), max_seconds=0.5, poll_seconds=0.02,
+                              sleep=sleep, now=now)
+    assert 0.5 <= waited < 0.5 + 0.02 + 1e-9
+
+
+def test_clock_state_is_none_where_nvml_cannot_say():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the point is the CPU path")
+    assert timing.ClockState.open() is None
+
+
+def test_cases_timed_at_a_lowered_clock_are_listed(tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"benchmarks": [
+        {"name": "test_gemm[a-M1-skinny]", "extra_info": {"M": 1, "rounds": 10, "slowed_rounds": 3,
+                                                          "sm_mhz_min": 1590, "sm_mhz_max": 1965}},
+        {"name": "test_gemm[a-M1-auto]", "extra_info": {"M": 1, "rounds": 10, "slowed_rounds": 0, "sm_mhz_min": 1980,
+                                                        "sm_mhz_max": 1980}},
+        # the power cap at the full clock (a memory-bound case's own power): not listed
+        {"name": "test_gemm[a-M4-skinny]", "extra_info": {"M": 4, "rounds": 10, "slowed_rounds": 10,
+                                                          "sm_mhz_min": 1965, "sm_mhz_max": 1965}},
+        {"name": "test_gemm[a-M4-auto]", "extra_info": {"rounds": 10}},  # no NVML: nothing recorded
+    ]}))
+    assert results.lowered_clock_cases(run) == [
+        "  test_gemm[a-M1-skinny]: 3 of 10 rounds slowed, SM 1590-1965 of 1980 MHz"]
+    heavy = {"name": "test_gemm[a-M2048-auto]", "extra_info": {"M": 2048, "rounds": 10, "slowed_rounds": 10,
+                                                               "sm_mhz_min": 1470, "sm_mhz_max": 1470}}
+    data = json.loads(run.read_text())
+    data["benchmarks"].append(heavy)
+    run.write_text(json.dumps(data))
+    assert results.lowered_clock_cases(run)[-1] == "  and 1 case(s) with M > 8, which reach the power cap by themselves"
+    run.write_text(json.dumps({"benchmarks": [{"name": "test_gemm[a-M4-auto]", "extra_info": {"rounds": 10}}]}))
+    assert results.lowered_clock_cases(run) == []
+
+
 def test_no_gpu_message(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_gpu_available", lambda: False)
     assert cli.main(["--quick"]) == 2

@@ -38,6 +38,7 @@ PEER_RELATIVE_ERROR = 2e-2
 
 _weights: dict[tuple, object] = {}
 _prepared: dict[tuple, object] = {}
+_CLOCKS = timing.ClockState.open()  # None where NVML cannot be read: then no wait and no clock record
 
 
 def _weight(case: catalogue.Case):
@@ -104,7 +105,7 @@ def test_gemm(benchmark, request, gpu_info, case):
 
     graph, calls = timing.sized_graph(lambda i: prepared.call(x, i), prepared.copies, TARGET_REPLAY_SECONDS,
                                       MAX_CALLS)
-    timer = timing.GraphTimer(graph, calls, settle_seconds=timing.SETTLE_SECONDS)
+    timer = timing.GraphTimer(graph, calls, settle_seconds=timing.SETTLE_SECONDS, clocks=_CLOCKS)
     benchmark.group = f"{case.model} {case.layer} M={case.m} {case.dtype} g{case.group_size}"
     benchmark.pedantic(timer.round, rounds=ROUNDS, iterations=1)
     seconds = timer.median()
@@ -120,4 +121,7 @@ def test_gemm(benchmark, request, gpu_info, case):
         calls=calls,
         rounds=len(timer.per_call),
     )
+    if _CLOCKS is not None:  # the clock state of the timed rounds (timing.py: the power cap after heavy cases)
+        benchmark.extra_info.update(cooldown_s=round(timer.cooldown_seconds, 3), slowed_rounds=timer.slowed_rounds,
+                                    sm_mhz_min=min(timer.sm_mhz), sm_mhz_max=max(timer.sm_mhz))
     del graph, timer

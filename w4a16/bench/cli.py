@@ -209,6 +209,10 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
               "µs per call (median of graph replays over a weight rotation >= 4x L2); auto GB/s counts int4 "
               "weight + scales (+ zeros) + x + y; speedup = best peer's time / auto's time.\n\n")
     text = header + tables + "\n\n" + results.summary(current.records.values()) + "\n"
+    lowered = results.lowered_clock_cases(json_path)
+    if lowered:  # large-M cases reach the power cap by themselves; a decode case listed here is suspect
+        text += ("\ntimed at a lowered SM clock (power cap or thermal; clock after each round):\n"
+                 + "\n".join(lowered) + "\n")
     print(text)
     (out / "tables.md").write_text(text)
     plots = _plots(current, out, device)

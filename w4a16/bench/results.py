@@ -120,6 +120,36 @@ def benchmark_names(run_path: str | Path, shapes: set[tuple]) -> list[str]:
     return [b["name"] for b in data.get("benchmarks", []) if _shape_of(b) in shapes]
 
 
+DECODE_MAX_M = 8  # the phase split of `summary`
+
+
+def lowered_clock_cases(run_path: str | Path, fraction: float = 0.97) -> list[str]:
+    """Benchmarks of a run timed at a lowered SM clock: a slowdown reason (power cap, thermal) was set after one
+    of its rounds and its lowest SM clock then was under `fraction` of the highest the run saw (recorded where NVML
+    is readable: timing.GraphTimer). A reason set at the full clock is left out: a memory-bound decode case can
+    touch the power cap at 1965 of 1980 MHz. One line per decode case (M <= DECODE_MAX_M), whose own load does
+    not lower the clock, so a figure there is suspect; the prefill cases that reach the power cap by themselves
+    are counted in one line."""
+    benches = [b for b in json.loads(Path(run_path).read_text()).get("benchmarks", [])
+               if (b.get("extra_info") or {}).get("sm_mhz_max")]
+    if not benches:
+        return []
+    top = max(b["extra_info"]["sm_mhz_max"] for b in benches)
+    lines, prefill = [], 0
+    for bench in benches:
+        info = bench["extra_info"]
+        if not (info.get("slowed_rounds") and info["sm_mhz_min"] < fraction * top):
+            continue
+        if int(info.get("M", 0)) > DECODE_MAX_M:
+            prefill += 1
+            continue
+        lines.append(f"  {bench['name']}: {info['slowed_rounds']} of {info.get('rounds', '?')} rounds slowed, "
+                     f"SM {info['sm_mhz_min']}-{info['sm_mhz_max']} of {top} MHz")
+    if prefill:
+        lines.append(f"  and {prefill} case(s) with M > {DECODE_MAX_M}, which reach the power cap by themselves")
+    return lines
+
+
 def keep_better(run_path: str | Path, again_path: str | Path, baseline: Run, threshold: float,
                 shapes: set[tuple]) -> list[str]:
     """Per shape, keep the better of two measurements of a run: the shape's benchmarks in `run_path` are replaced
@@ -451,7 +481,7 @@ def summary(records: Iterable[Record]) -> str:
     for shape, rows in shape_rows(records, None).items():
         for r in rows:
             if r.speedup is not None:
-                phase = "decode M<=8" if r.m <= 8 else "prefill M>=16"
+                phase = f"decode M<={DECODE_MAX_M}" if r.m <= DECODE_MAX_M else "prefill M>=16"
                 by_model.setdefault(shape[0], {}).setdefault(phase, []).append(r.speedup)
     for model in sorted(by_model):
         parts = []

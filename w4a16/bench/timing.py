@@ -8,11 +8,19 @@ while the host enqueues event, replay and event, so the host's launch latency is
 pytest-benchmark times with a host clock of its choosing: `device_clock` is a clock that advances only by the
 per-call device time each timed round reports (`--benchmark-timer=w4a16.bench.timing.device_clock`), so the
 stats pytest-benchmark stores and compares are per-call GPU seconds.
+
+A heavy case (a large prefill GEMM) leaves an NVIDIA GPU at its power cap for about half a second after it ends
+(measured on an H100 after a second of 8192^3 bf16 matmuls: NVML's "SW power cap" reason stayed set 0.50-0.53 s,
+idle or under a decode load; the SM clock read 1155-1905 MHz 0.1 s after the load, 1965 at 0.3 s and 1980 at 0.6 s).
+A decode case timed in that window, which outlasts the 0.25 s settle below, runs at a lower clock. So where NVML
+can be read (`ClockState`), a case first waits, idle, until no slowdown reason is set (`cool_down`), and each timed
+round notes whether one was set and the SM clock, which the bench stores with the case.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -27,6 +35,14 @@ WARMUP_REPLAYS = 2
 # 0.15 s, until the clock came back to 1980 MHz. The settle time makes a case's figure independent of the case
 # before it, so peers timed at different points of the run compare fairly.
 SETTLE_SECONDS = 0.25
+# NVML's clock event reasons that slow a busy GPU's SM clock (nvml.h): SW power cap 0x4, HW slowdown 0x8, SW thermal
+# slowdown 0x20, HW thermal slowdown 0x40, HW power brake 0x80. Idle, application clocks, sync boost and display
+# clock settings are not slowdowns of a busy GPU.
+SLOWDOWN_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+# The longest idle wait for them to clear before a case (they cleared within 0.53 s after 1 s of 8192^3 bf16
+# matmuls); a case still slowed after it is timed anyway, and its rounds say so.
+COOLDOWN_MAX_SECONDS = 3.0
+COOLDOWN_POLL_SECONDS = 0.02
 
 
 class DeviceClock:
@@ -55,6 +71,51 @@ def l2_cache_bytes(device: torch.device | int | None = None) -> int | None:
     props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
     size = getattr(props, "L2_cache_size", None)
     return int(size) if size else None
+
+
+class ClockState:
+    """The GPU's SM clock and clock slowdown reasons, read through NVML (the nvidia-ml-py package).
+
+    `open` gives None where they cannot be read: no NVML (ROCm, or the package missing), or a device NVML does not
+    know. Then nothing waits and nothing is recorded."""
+
+    def __init__(self, nvml, handle) -> None:
+        self._nvml, self._handle = nvml, handle
+
+    @classmethod
+    def open(cls, device: int | None = None) -> ClockState | None:
+        if getattr(torch.version, "hip", None):
+            return None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = torch.cuda.current_device() if device is None else device
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            # torch's device index is not NVML's where CUDA_VISIBLE_DEVICES reorders: match by UUID.
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            state = cls(pynvml, handle)
+            state.slowdown(), state.sm_mhz()  # both readable, or None
+            return state
+        except Exception:  # ImportError, NVMLError, a torch without the uuid property: not readable here
+            return None
+
+    def slowdown(self) -> int:
+        """The slowdown reasons set now (bits of SLOWDOWN_REASONS; 0: none)."""
+        return int(self._nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self._handle)) & SLOWDOWN_REASONS
+
+    def sm_mhz(self) -> int:
+        return int(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+
+
+def cool_down(clocks: ClockState, max_seconds: float = COOLDOWN_MAX_SECONDS,
+              poll_seconds: float = COOLDOWN_POLL_SECONDS, sleep: Callable[[float], None] = time.sleep,
+              now: Callable[[], float] = time.monotonic) -> float:
+    """Wait, idle, until no slowdown reason is set, at most max_seconds; the seconds waited."""
+    start = now()
+    while clocks.slowdown() and now() - start < max_seconds:
+        sleep(poll_seconds)
+    return now() - start
 
 
 def _spin() -> None:
@@ -111,12 +172,19 @@ def time_replay(graph: torch.cuda.CUDAGraph) -> float:
 
 class GraphTimer:
     """One captured case: `round()` replays it once and returns the per-call seconds (also advancing
-    `device_clock`, which is what pytest-benchmark reads); `per_call` keeps every round's figure."""
+    `device_clock`, which is what pytest-benchmark reads); `per_call` keeps every round's figure. With a
+    ClockState, `cooldown_seconds` is the idle wait before the warm-up, and each round's end is sampled:
+    `slowed_rounds` counts those with a slowdown reason set, `sm_mhz` keeps the SM clocks."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, calls: int, settle_seconds: float = 0.0) -> None:
-        """Replays WARMUP_REPLAYS times, and more until about settle_seconds of replays have run (SETTLE_SECONDS)."""
-        self.graph, self.calls = graph, calls
+    def __init__(self, graph: torch.cuda.CUDAGraph, calls: int, settle_seconds: float = 0.0,
+                 clocks: ClockState | None = None) -> None:
+        """Waits for the clock (cool_down) where `clocks` can read it, then replays WARMUP_REPLAYS times, and more
+        until about settle_seconds of replays have run (SETTLE_SECONDS)."""
+        self.graph, self.calls, self.clocks = graph, calls, clocks
         self.per_call: list[float] = []
+        self.slowed_rounds = 0
+        self.sm_mhz: list[int] = []
+        self.cooldown_seconds = cool_down(clocks) if clocks is not None else None
         first = time_replay(graph)
         for _ in range(metrics.settle_replays(first, settle_seconds, WARMUP_REPLAYS) - 1):
             graph.replay()
@@ -126,6 +194,9 @@ class GraphTimer:
         seconds = time_replay(self.graph) / self.calls
         self.per_call.append(seconds)
         device_clock.advance(seconds)
+        if self.clocks is not None:
+            self.slowed_rounds += bool(self.clocks.slowdown())
+            self.sm_mhz.append(self.clocks.sm_mhz())
         return seconds
 
     def median(self) -> float:
