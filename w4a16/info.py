@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import platform
+from pathlib import Path
 
 import torch
 
 from .arch import arch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIRS = ("w4a16", "csrc")
+SOURCE_SUFFIXES = (".py", ".json", ".h", ".cuh", ".cu", ".cpp")
+
+
+def source_digest(root: Path = REPO_ROOT) -> str:
+    """12 hex digits of a SHA-256 over the sources that decide what the kernels compute and how fast: the path and
+    bytes of every .py, .json, .h, .cuh, .cu and .cpp file under w4a16/ and csrc/, in path order.
+
+    Stored benchmark runs record it beside the git commit, because a copy of the tree on a GPU machine may carry a
+    stale .git (a stored run once named the commit its copy was first made from, not the one it measured)."""
+    digest = hashlib.sha256()
+    for directory in SOURCE_DIRS:
+        for path in sorted((root / directory).rglob("*")):
+            if path.suffix in SOURCE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+                digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 def _version(module_name: str) -> str:
@@ -33,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"python   {platform.python_version()}")
     print(f"torch    {torch.__version__} ({backend_build})")
     print(f"triton   {_version('triton')}")
+    print(f"sources  {source_digest()} (w4a16/ and csrc/ under {REPO_ROOT})")
     _print_backends(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     return 0
 

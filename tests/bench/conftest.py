@@ -47,6 +47,7 @@ def _gpu_info() -> dict:
     import triton
 
     import w4a16
+    from w4a16 import info
     from w4a16.bench import timing
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -62,6 +63,7 @@ def _gpu_info() -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "commit": _commit(),
+        "source_digest": info.source_digest(),  # what was measured, where the copy's .git is stale
         # Measured once, when the first benchmark starts: the roofline every % column is read against.
         "copy_gbps": round(timing.copy_gbps(), 1),
     }
