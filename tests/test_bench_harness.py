@@ -513,9 +513,32 @@ def test_cool_down_gives_up_after_its_limit():
     assert 0.5 <= waited < 0.5 + 0.02 + 1e-9
 
 
-def test_clock_state_is_none_where_nvml_cannot_say():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU; the point is the CPU path")
+def test_clock_state_finds_the_torch_device_by_uuid(monkeypatch):
+    """torch's device index is not NVML's under CUDA_VISIBLE_DEVICES: the handle comes from the device's UUID."""
+    import types
+
+    asked = []
+    nvml = FakeNvml([0x1])
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, NVML_CLOCK_SM=FakeNvml.NVML_CLOCK_SM,
+                                 nvmlDeviceGetHandleByUUID=lambda uuid: asked.append(uuid) or "handle",
+                                 nvmlDeviceGetCurrentClocksThrottleReasons=nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+                                 nvmlDeviceGetClockInfo=nvml.nvmlDeviceGetClockInfo)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    uuids = {1: "5c2b0e3a-0000-1111-2222-333344445555"}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=uuids[i]))
+    clocks = timing.ClockState.open()
+    assert clocks is not None and clocks.slowdown() == 0 and clocks.sm_mhz() == 1980
+    assert asked == ["GPU-5c2b0e3a-0000-1111-2222-333344445555"]
+
+    def refuse():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(fake, "nvmlInit", refuse)  # no driver: no clock state, no error
+    assert timing.ClockState.open() is None
+    monkeypatch.setattr(torch.version, "hip", "6.4")  # ROCm: NVML is not asked
+    monkeypatch.setattr(fake, "nvmlInit", lambda: None)
     assert timing.ClockState.open() is None
 
 
