@@ -10,12 +10,12 @@ per-call device time each timed round reports (`--benchmark-timer=w4a16.bench.ti
 stats pytest-benchmark stores and compares are per-call GPU seconds.
 
 A heavy case (a large prefill GEMM) leaves an NVIDIA GPU at its power cap for about half a second after it ends
-(measured on an H100 by tests/bench/power_cap_probe.py, after a second of 8192^3 bf16 matmuls: NVML's "SW power
-cap" reason stayed set 0.50-0.53 s, idle or under a decode load; the SM clock read 1155-1905 MHz 0.1 s after the
-load, 1965 at 0.3 s and 1980 at 0.6 s).
-A decode case timed in that window, which outlasts the 0.25 s settle below, runs at a lower clock. So where NVML
-can be read (`ClockState`), a case first waits, idle, until no slowdown reason is set (`cool_down`), and each timed
-round notes whether one was set and the SM clock, which the bench stores with the case.
+(measured on an H100 by tests/bench/power_cap_probe.py, after a second of 8192^3 bf16 matmuls: NVML's "SW power cap"
+reason stayed set 0.50-0.53 s, idle or under a decode load; the SM clock read 1155-1905 MHz 0.1 s after the load,
+1965 at 0.3 s and 1980 at 0.6 s). A decode case timed in that window, which outlasts the 0.25 s settle below, runs
+at a lower clock. So where NVML can be read (`ClockState`), a case first waits, idle, until no slowdown reason is
+set (`cool_down`), and each timed round notes whether one was set and the SM clock, which the bench stores with the
+case.
 """
 
 from __future__ import annotations
