@@ -1,6 +1,6 @@
 """How long an NVIDIA GPU's power-cap slowdown outlasts a heavy load (the figures behind w4a16.bench.timing's wait).
 
-    python3 tests/bench/power_cap_probe.py [--rounds 4] [--heavy-seconds 1.0]
+    PYTHONPATH=$PWD python3 tests/bench/power_cap_probe.py [--rounds 4] [--heavy-seconds 1.0]
 
 Each round runs bf16 8192^3 matmuls for --heavy-seconds, then for 2 s either idles or runs a decode-sized load
 (F.linear of 4 x 4096 activations on a 28672 x 4096 weight), alternating, and reads NVML every ~5 ms: when the
@@ -15,6 +15,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from w4a16.bench import timing
 
 SW_POWER_CAP = 0x4  # nvml.h, nvmlClocksEventReasonSwPowerCap
 
@@ -32,7 +34,7 @@ def main() -> None:
     import pynvml
 
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(0).uuid}")
+    handle = timing.nvml_handle(pynvml, torch.cuda.current_device())
     print(torch.cuda.get_device_name(), pynvml.nvmlDeviceGetUUID(handle))
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)

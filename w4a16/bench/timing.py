@@ -74,6 +74,13 @@ def l2_cache_bytes(device: torch.device | int | None = None) -> int | None:
     return int(size) if size else None
 
 
+def nvml_handle(nvml, device: int):
+    """NVML's handle of torch's CUDA device `device`, matched by UUID: torch's index is not NVML's where
+    CUDA_VISIBLE_DEVICES reorders the devices."""
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+
+
 class ClockState:
     """The GPU's SM clock and clock slowdown reasons, read through NVML (the nvidia-ml-py package).
 
@@ -91,11 +98,7 @@ class ClockState:
             import pynvml
 
             pynvml.nvmlInit()
-            index = torch.cuda.current_device() if device is None else device
-            uuid = str(torch.cuda.get_device_properties(index).uuid)
-            # torch's device index is not NVML's where CUDA_VISIBLE_DEVICES reorders: match by UUID.
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-            state = cls(pynvml, handle)
+            state = cls(pynvml, nvml_handle(pynvml, torch.cuda.current_device() if device is None else device))
             state.slowdown(), state.sm_mhz()  # both readable, or None
             return state
         except Exception:  # ImportError, NVMLError, a torch without the uuid property: not readable here
