@@ -30,6 +30,7 @@ from .catalogue import BACKENDS, LAYERS, OURS, PEERS, Case
 
 KEY_FIELDS = ("model", "layer", "N", "K", "M", "dtype", "group_size", "symmetric", "backend")
 DEFAULT_THRESHOLD = 0.10
+DECODE_MAX_M = 8  # decode cases (M <= this) against prefill: `summary` and `lowered_clock_cases`
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,6 @@ def benchmark_names(run_path: str | Path, shapes: set[tuple]) -> list[str]:
     """The test names (test_gemm[...]) of a run's benchmarks of these shapes, every backend."""
     data = json.loads(Path(run_path).read_text())
     return [b["name"] for b in data.get("benchmarks", []) if _shape_of(b) in shapes]
-
-
-DECODE_MAX_M = 8  # the phase split of `summary`
 
 
 def lowered_clock_cases(run_path: str | Path, fraction: float = 0.97) -> list[str]:
