@@ -18,8 +18,6 @@ import torch.nn.functional as F
 
 from w4a16.bench import timing
 
-SW_POWER_CAP = 0x4  # nvml.h, nvmlClocksEventReasonSwPowerCap
-
 
 def at(trace: list[tuple], seconds: float, field: int):
     """Field `field` of the first sample taken at least `seconds` after the load."""
@@ -55,7 +53,7 @@ def main() -> None:
                     F.linear(x, w)
                 torch.cuda.synchronize()
             reasons = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
-            trace.append((time.monotonic() - t0, bool(reasons & SW_POWER_CAP),
+            trace.append((time.monotonic() - t0, bool(reasons & timing.SW_POWER_CAP),
                           pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
                           pynvml.nvmlDeviceGetPowerUsage(handle) / 1000))
         last_cap = max((t for t, cap, _, _ in trace if cap), default=None)

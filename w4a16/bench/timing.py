@@ -39,7 +39,8 @@ SETTLE_SECONDS = 0.25
 # NVML's clock event reasons that slow a busy GPU's SM clock (nvml.h): SW power cap 0x4, HW slowdown 0x8, SW thermal
 # slowdown 0x20, HW thermal slowdown 0x40, HW power brake 0x80. Idle, application clocks, sync boost and display
 # clock settings are not slowdowns of a busy GPU.
-SLOWDOWN_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+SW_POWER_CAP = 0x4
+SLOWDOWN_REASONS = SW_POWER_CAP | 0x8 | 0x20 | 0x40 | 0x80
 # The longest idle wait for them to clear before a case (they cleared within 0.53 s after 1 s of 8192^3 bf16
 # matmuls); a case still slowed after it is timed anyway, and its rounds say so.
 COOLDOWN_MAX_SECONDS = 3.0
