@@ -100,6 +100,8 @@ def test_bad_arguments():
         W4A16Linear(100, 8, group_size=32)
     with pytest.raises(ValueError, match="backend must be one of"):
         W4A16Linear(128, 8, backend="fast")
+    with pytest.raises(TypeError, match="symmetric must be True"):
+        W4A16Linear(128, 8, symmetric="no")
     with pytest.raises(TypeError, match="linear must be an nn.Linear"):
         W4A16Linear.from_linear(torch.nn.Conv1d(1, 1, 1))
     with pytest.raises(ValueError, match="in_features=96 must be a multiple of group_size=128"):

@@ -90,6 +90,18 @@ def test_quantize_model_names_a_layer_that_cannot_be_grouped():
     assert not any(isinstance(m, W4A16Linear) for m in model.modules()), "nothing replaced on error"
 
 
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"group_size": 0}, ValueError, "group_size must be one of"),
+    ({"group_size": "128"}, ValueError, "group_size must be one of"),
+    ({"symmetric": "no"}, TypeError, "symmetric must be True"),
+])
+def test_quantize_model_checks_its_arguments_before_touching_a_layer(kwargs, error, match):
+    model = tiny_model("llama", seed=5)
+    with pytest.raises(error, match=match):
+        quantize_model(model, **kwargs)
+    assert not any(isinstance(m, W4A16Linear) for m in model.modules()), "nothing replaced on error"
+
+
 def test_quantize_model_refuses_what_it_would_leave_unquantized_silently():
     from transformers.pytorch_utils import Conv1D  # GPT-2's projections: a 2-D weight, not an nn.Linear
 

@@ -58,3 +58,9 @@ def test_a_group_whose_scale_underflows_in_fp16_dequantizes_to_zero():
 def test_quantize_rejects_bad_input(w, group_size, error, match):
     with pytest.raises(error, match=match):
         w4a16.quantize(w, group_size=group_size)
+
+
+@pytest.mark.parametrize("symmetric", ["no", "False", 0, 1, None])
+def test_quantize_takes_symmetric_only_as_a_bool(symmetric):
+    with pytest.raises(TypeError, match=rf"symmetric must be True \(uint4b8\) or False .* got {symmetric!r}"):
+        w4a16.quantize(torch.randn(8, 128), symmetric=symmetric)

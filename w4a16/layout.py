@@ -82,6 +82,12 @@ def check_group_size(group_size: int) -> None:
         raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
 
 
+def check_symmetric(symmetric: bool) -> None:
+    # Strictly a bool: any non-empty string, "no" and "false" included, would otherwise read as true.
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be True (uint4b8) or False (uint4 with zero points), got {symmetric!r}")
+
+
 def _as_zero_points(zeros: torch.Tensor) -> torch.Tensor:
     if zeros.dtype.is_floating_point:
         if not torch.equal(zeros, zeros.round()):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import dispatch
-from .layout import QuantizedWeight, check_group_size
+from .layout import QuantizedWeight, check_group_size, check_symmetric
 from .quantize import quantize
 
 
@@ -36,6 +36,7 @@ class W4A16Linear(nn.Module):
     ) -> None:
         super().__init__()
         check_group_size(group_size)
+        check_symmetric(symmetric)
         if in_features <= 0 or in_features % group_size:
             raise ValueError(f"in_features={in_features} must be a positive multiple of group_size={group_size}")
         if out_features <= 0:

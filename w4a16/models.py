@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .formats import from_awq, from_compressed_tensors
-from .layout import GROUP_SIZES
+from .layout import GROUP_SIZES, check_group_size, check_symmetric
 from .linear import W4A16Linear
 
 DEFAULT_SKIP = ("lm_head",)
@@ -63,6 +63,8 @@ def quantize_model(
     weight that is not an nn.Linear (GPT-2's Conv1D, say), which this would otherwise leave unquantized without a
     word (add it to skip to keep it as is); and no layer to quantize at all.
     """
+    check_group_size(group_size)  # both checked before any layer is touched
+    check_symmetric(symmetric)
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .layout import SYMMETRIC_ZERO, QuantizedWeight, check_group_size, pack_int4
+from .layout import SYMMETRIC_ZERO, QuantizedWeight, check_group_size, check_symmetric, pack_int4
 
 
 def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> QuantizedWeight:
@@ -22,6 +22,7 @@ def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> 
     if w.dim() != 2:
         raise ValueError(f"w must be 2-D [N, K], got shape {tuple(w.shape)}")
     check_group_size(group_size)
+    check_symmetric(symmetric)
     n, k = w.shape
     if k % group_size:
         raise ValueError(f"K={k} must be a multiple of group_size={group_size}")
