@@ -296,6 +296,7 @@ def test_unexpected_tensor_is_refused(tmp_path, ct_model):
     (("config_groups", "group_0", "input_activations", {"num_bits": 8}), r"quantizes activations too"),
     (("sparsity_config", {"format": "sparse-24-bitmask"}), r"sparse checkpoints are not supported"),
     (("config_groups", "group_0", "weights", "type", "float"), r"type='float': only integer weights"),
+    (("config_groups", "group_0", "weights", "symmetric", "false"), r"symmetric='false': expected true or false"),
 ])
 def test_unsupported_compressed_tensors_variants(change, match, tmp_path, ct_model):
     quantization = quant_config("compressed-tensors")

@@ -175,8 +175,10 @@ def _parse_compressed_tensors(quant: dict) -> CheckpointScheme:
                                 "('group') are supported")
         if weights.get("dynamic"):
             raise _scheme_error(f"{where}.weights dynamic=true: only static weight scales are supported")
-        schemes.add((_check_group_size(weights.get("group_size"), f"{where}.weights"),
-                     bool(weights.get("symmetric", True))))
+        symmetric = weights.get("symmetric", True)
+        if not isinstance(symmetric, bool):
+            raise _scheme_error(f"{where}.weights symmetric={symmetric!r}: expected true or false")
+        schemes.add((_check_group_size(weights.get("group_size"), f"{where}.weights"), symmetric))
     if len(schemes) != 1:
         raise _scheme_error(f"config_groups use different weight schemes {sorted(schemes)}: one scheme is supported")
     (group_size, symmetric), = schemes
