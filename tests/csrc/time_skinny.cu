@@ -5,7 +5,7 @@
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 [-I<dir of the variant header>] -Icsrc \
 //        -o /tmp/time_skinny tests/csrc/time_skinny.cu
-//   /tmp/time_skinny                      # the eight bench layers at M = 1, 5 and 8, plus three fp16 G = 32 cases
+//   /tmp/time_skinny                      # the eight bench layers at M = 1, 5 and 8, then fp16 and G < 128 cases
 //   TIME_SKINNY_LAYER=llama_gate_up /tmp/time_skinny     # M = 1 of one layer (for ncu)
 //   (built with -DTIME_SKINNY_TMA: the TMA-fed probe of tma_skinny.cuh instead; G = 128, symmetric, K % 256 == 0;
 //   -DTMA_STAGES=N: its ring's stages, 6 by default, 4 where N do not fit)
@@ -231,6 +231,12 @@ int main() {
     time_layer<1, Fp16Tag, 32, false>(name, l.n, l.k, sms);
     time_layer<5, Fp16Tag, 32, false>(name, l.n, l.k, sms);
   }
+  // fp16 at G = 128 (the raw dot with fp16's magic numbers; AWQ and GPTQ checkpoints are mostly fp16)
+  time_layer<1, Fp16Tag>("llama_gate_up fp16 uint4b8 g128", 28672, 4096, sms);
+  time_layer<5, Fp16Tag>("llama_gate_up fp16 uint4b8 g128", 28672, 4096, sms);
+  time_layer<1, Fp16Tag>("llama_down fp16 uint4b8 g128", 4096, 14336, sms);
+  time_layer<1, Fp16Tag, 128, false>("qwen_o fp16 uint4 g128", 2560, 4096, sms);
+  time_layer<5, Fp16Tag, 128, false>("qwen_o fp16 uint4 g128", 2560, 4096, sms);
   time_layer<1, Bf16Tag, 64, false>("llama_gate_up bf16 uint4 g64", 28672, 4096, sms);
   time_layer<5, Bf16Tag, 64, true>("llama_gate_up bf16 uint4b8 g64", 28672, 4096, sms);
   // K % 128 != 0 with G < 128: the last k-step ends inside K, and a row's groups start at any offset
