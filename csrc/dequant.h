@@ -41,6 +41,16 @@ W4A16_HD constexpr uint32_t magic_pair(uint32_t word, int p) {
   return nibble_pair(word, p) | Magic<Tag>::kPair;
 }
 
+// fp16 also has room for a nibble four bits up: 0x5400 is 64.0, whose ulp is 1/16, so (word & 0x00F000F0) | 0x5400
+// is the pair (64 + q[2p], 64 + q[2p + 1]) of p = 1, and the same of word >> 8 that of p = 3. The odd pairs then
+// need no shift of their own (the skinny kernel's tensor-core path, G = 128). bf16's 7 mantissa bits leave no room.
+constexpr uint32_t kFp16HighPair = 0x54005400u;  // two fp16 64.0
+
+// The pair (64 + q[2p], 64 + q[2p + 1]) as two packed fp16, p odd.
+W4A16_HD constexpr uint32_t fp16_high_pair(uint32_t word, int p) {
+  return ((word >> (4 * (p - 1))) & 0x00F000F0u) | kFp16HighPair;
+}
+
 // (offset + z): what the raw dot of a chunk carries per unit of sum(x); z = 8 for symmetric weights.
 template <typename Tag>
 W4A16_HD constexpr float raw_zero(int z) {

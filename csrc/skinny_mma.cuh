@@ -16,10 +16,11 @@
 // Dequantization: one LOP3 per pair (plus its shift) makes the magic (offset + q) pairs (dequant.h). With G = 128 a
 // k-step is exactly one group, so A is those raw pairs and the group's correction comes after the mma, in fp32:
 // sum_k (q - z) s x = s * (D - (offset + z) * sum_k x) (the raw-dot variant of DESIGN.md; nothing is rounded before
-// accumulation), with sum_k x from the tensor cores too: the unit's B against an A of ones (mma_unit). With G = 32
-// or 64 the four chunks of a k-step belong to different groups, so A is dequantized before the mma: a packed FMA
-// by 1.0 subtracts (offset + z) exactly and a second multiplies by s, rounded to the activation dtype once per
-// weight (as torch on a dequantized weight, and as the Triton path).
+// accumulation), with sum_k x from the tensor cores too: the unit's B against an A of ones (mma_unit). With fp16
+// the odd pairs are (64 + q), which saves their shifts (raw_pair), and half of that A's rows carry the offsets.
+// With G = 32 or 64 the four chunks of a k-step belong to different groups, so A is dequantized before the mma: a
+// packed FMA by 1.0 subtracts (offset + z) exactly and a second multiplies by s, rounded to the activation dtype
+// once per weight (as torch on a dequantized weight, and as the Triton path).
 //
 // Work split. A cluster of 1, 2 or 4 blocks (the launcher picks; skinny_kernel.cu) owns a balanced contiguous range
 // of 16-row tiles and walks it kSplitKTileRows rows (a round) at a time. Its blocks split the k-steps, and each
@@ -36,6 +37,7 @@
 #pragma once
 
 #include <cooperative_groups.h>
+#include <type_traits>
 
 #include "skinny_common.cuh"
 
@@ -69,12 +71,22 @@ struct Packed<Bf16Tag> {
   static constexpr uint32_t kOne = 0x3F803F80u;  // two bf16 1.0
 };
 
-// magic_pair of dequant.h as one LOP3 ((w >> 4p) & 0x000F000F) | magic: written out because the compiler emits
-// an AND and an OR (LOP3 takes one immediate, and it keeps both constants as immediates).
-template <typename Tag>
+// With fp16 and G = 128 the odd pairs are (64 + q) pairs (fp16_high_pair of dequant.h): they come from the word
+// and word >> 8 that the even pairs use, 1 shift and 4 LOP3 per word instead of 3 and 4. Measured 1-4% faster on
+// the fp16 G = 128 layers; with G < 128 (where the packed subtraction would take the pair's own offset) it gained
+// nothing measurable, so those keep one offset (csrc/PERF.md, "fp16's odd pairs without shifts").
+template <typename Tag, int G>
+constexpr bool kHighPairs = std::is_same<Tag, Fp16Tag>::value && G == kStepK;
+
+// magic_pair (or fp16_high_pair) of dequant.h as one LOP3 ((w >> shift) & mask) | magic: written out because the
+// compiler emits an AND and an OR (LOP3 takes one immediate, and it keeps both constants as immediates).
+template <typename Tag, int G>
 __device__ __forceinline__ uint32_t raw_pair(uint32_t word, int p) {
   uint32_t d;
-  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(d) : "r"(word >> (4 * p)), "r"(Magic<Tag>::kPair));
+  if (kHighPairs<Tag, G> && (p & 1))
+    asm("lop3.b32 %0, %1, 0x00F000F0, %2, 0xEA;" : "=r"(d) : "r"(word >> (4 * (p - 1))), "r"(kFp16HighPair));
+  else
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(d) : "r"(word >> (4 * p)), "r"(Magic<Tag>::kPair));
   return d;
 }
 
@@ -137,7 +149,7 @@ __device__ __forceinline__ void load_unit(Unit& u, const Rows& r, const Words4* 
 // The A register of pair p of word j, rows of (sub-tile s, half h).
 template <typename Tag, int G>
 __device__ __forceinline__ uint32_t a_pair(const Unit& u, int s, int h, int j, int p) {
-  const uint32_t raw = raw_pair<Tag>(u.w[s][h].w[j], p);
+  const uint32_t raw = raw_pair<Tag, G>(u.w[s][h].w[j], p);
   if constexpr (G == kStepK) return raw;
   const uint32_t q_minus_z = fma2(raw, Packed<Tag>::kOne, splat(neg_raw_zero_bits<Tag>(u.zero[s][h])), Tag{});
   return fma2(q_minus_z, splat(u.scale[s][h]), 0x80008000u, Tag{});  // + (-0): a plain product, one rounding
@@ -163,13 +175,20 @@ __device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit&
   // With G = 128, the sums of x over the k-step for columns 2t, 2t + 1 (the C fragment's): the same B against an A
   // of ones, whose every product row is the column sum (exact products, fp32 sums). Staging these sums from the
   // pieces of x instead (fp32 adds and shuffles per slice) made x staging the M = 5 penalty (csrc/PERF.md).
-  float2 sum_x = make_float2(0.f, 0.f);
+  // With fp16's high pairs the offsets differ by pair (1024 on the even pairs, which meet x's k lo; 64 on the odd,
+  // k hi): A's rows g then carry those offsets and its rows g + 8 ones, so C's rows g give the offsets' share of the
+  // raw dot and its rows g + 8 the sums of x.
+  constexpr bool kHigh = kHighPairs<Tag, G>;
+  float2 sum_x = make_float2(0.f, 0.f), offsets = make_float2(0.f, 0.f);
   if constexpr (G == kStepK) {
-    const uint32_t ones[4] = {Packed<Tag>::kOne, Packed<Tag>::kOne, Packed<Tag>::kOne, Packed<Tag>::kOne};
+    constexpr uint32_t kOne = Packed<Tag>::kOne;
+    const uint32_t ones_or_offsets[4] = {kHigh ? Magic<Tag>::kPair : kOne, kOne, kHigh ? kFp16HighPair : kOne, kOne};
     float d[2][4] = {};
 #pragma unroll
-    for (int q = 0; q < 8; ++q) mma_16x8x16(d[q % 2], ones, b[2 * q], b[2 * q + 1], Tag{});
-    sum_x = make_float2(d[0][0] + d[1][0], d[0][1] + d[1][1]);
+    for (int q = 0; q < 8; ++q) mma_16x8x16(d[q % 2], ones_or_offsets, b[2 * q], b[2 * q + 1], Tag{});
+    const int sums = kHigh ? 2 : 0;  // the C fragment's rows g + 8 (elements 2, 3) or g (0, 1)
+    sum_x = make_float2(d[0][sums] + d[1][sums], d[0][sums + 1] + d[1][sums + 1]);
+    if constexpr (kHigh) offsets = make_float2(d[0][0] + d[1][0], d[0][1] + d[1][1]);
   }
 #pragma unroll
   for (int s = 0; s < kSubTiles; ++s) {
@@ -192,7 +211,10 @@ __device__ __forceinline__ void mma_unit(float (&acc)[kSubTiles][4], const Unit&
       for (int chain = 1; chain < kMmaChains; ++chain) dot += d[chain][e];
       if constexpr (G == kStepK) {  // raw pairs: remove the offset, then scale (one group per k-step)
         const int h = e >> 1;
-        const float corrected = fmaf(-raw_zero<Tag>(u.zero[s][h]), (e & 1) ? sum_x.y : sum_x.x, dot);
+        const float column_sum_x = (e & 1) ? sum_x.y : sum_x.x;
+        const float corrected =
+            kHigh ? fmaf(-float(u.zero[s][h]), column_sum_x, dot - ((e & 1) ? offsets.y : offsets.x))
+                  : fmaf(-raw_zero<Tag>(u.zero[s][h]), column_sum_x, dot);
         acc[s][e] = fmaf(to_float(u.scale[s][h], Tag{}), corrected, acc[s][e]);
       } else {
         acc[s][e] += dot;

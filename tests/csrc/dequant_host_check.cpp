@@ -1,7 +1,8 @@
 // Host build of csrc/dequant.h for the exhaustive CPU test (tests/csrc/test_dequant_host.py).
 //
 // stdin: one packed qweight word per line (hex, as w4a16.pack_int4 produced it). stdout, per word:
-//   "<word> f16 v0..v7 bf16 v0..v7"  the magic-number values (offset + q) in k order, decoded bit by bit here
+//   "<word> f16 v0..v7 bf16 v0..v7 f16hi v2 v3 v6 v7"  the magic-number values (offset + q) in k order, decoded
+//   bit by bit here; f16hi: the odd pairs by fp16_high_pair (64 + q)
 // then for every nibble q and zero point z, per dtype: "qz <dtype> q z value" with value = (offset+q) - raw_zero(z),
 // and "chunk <dtype> z max_abs_error" for remove_offset on a 32-element chunk against exact double arithmetic.
 #include <cmath>
@@ -90,6 +91,11 @@ int main() {
     for (double v : f16) std::printf(" %.17g", v);
     std::printf(" bf16");
     for (double v : bf16) std::printf(" %.17g", v);
+    std::printf(" f16hi");  // the odd pairs by fp16_high_pair: k = 2, 3, 6, 7
+    for (int p = 1; p < 4; p += 2) {
+      const uint32_t pair = fp16_high_pair(uint32_t(word), p);
+      std::printf(" %.17g %.17g", decode_fp16(uint16_t(pair & 0xFFFF)), decode_fp16(uint16_t(pair >> 16)));
+    }
     std::printf("\n");
   }
   table<Fp16Tag>("f16");

@@ -48,6 +48,8 @@ def test_every_nibble_at_every_position_decodes_to_offset_plus_q(dequant_run):
     bf16 = torch.tensor([[float(v) for v in parts[11:19]] for parts in word_lines], dtype=torch.float64)
     assert torch.equal(f16, expected + OFFSET["f16"])
     assert torch.equal(bf16, expected + OFFSET["bf16"])
+    f16_high = torch.tensor([[float(v) for v in parts[20:24]] for parts in word_lines], dtype=torch.float64)
+    assert torch.equal(f16_high, expected[:, [2, 3, 6, 7]] + 64), "fp16_high_pair: 64 + q at k = 2, 3, 6, 7"
     # every (value, position) pair occurred
     seen = {(int(v), p) for row in expected.tolist() for p, v in enumerate(row)}
     assert seen == {(v, p) for v in range(16) for p in range(8)}
