@@ -17,7 +17,8 @@
 // k-step is exactly one group, so A is those raw pairs and the group's correction comes after the mma, in fp32:
 // sum_k (q - z) s x = s * (D - (offset + z) * sum_k x) (the raw-dot variant of DESIGN.md; nothing is rounded before
 // accumulation), with sum_k x from the tensor cores too: the unit's B against an A of ones (mma_unit). With fp16
-// the odd pairs are (64 + q), which saves their shifts (raw_pair), and half of that A's rows carry the offsets.
+// at G = 128 the odd pairs are (64 + q), which saves their shifts (raw_pair), and half of that A's rows carry the
+// offsets.
 // With G = 32 or 64 the four chunks of a k-step belong to different groups, so A is dequantized before the mma: a
 // packed FMA by 1.0 subtracts (offset + z) exactly and a second multiplies by s, rounded to the activation dtype
 // once per weight (as torch on a dequantized weight, and as the Triton path).
