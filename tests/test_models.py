@@ -93,6 +93,8 @@ def test_quantize_model_names_a_layer_that_cannot_be_grouped():
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
     ({"group_size": 0}, ValueError, "group_size must be one of"),
     ({"group_size": "128"}, ValueError, "group_size must be one of"),
+    ({"group_size": 128.0}, ValueError, r"group_size must be one of \(32, 64, 128\), got 128\.0 \(float\)"),
+    ({"group_size": True}, ValueError, r"group_size must be one of .*, got True \(bool\)"),
     ({"symmetric": "no"}, TypeError, "symmetric must be True"),
 ])
 def test_quantize_model_checks_its_arguments_before_touching_a_layer(kwargs, error, match):
@@ -290,7 +292,9 @@ def test_unexpected_tensor_is_refused(tmp_path, ct_model):
 
 @pytest.mark.parametrize(("change", "match"), [
     (("config_groups", "group_0", "weights", "num_bits", 8), r"num_bits=8: only 4-bit weights"),
-    (("config_groups", "group_0", "weights", "group_size", 256), r"group_size=256 is not supported"),
+    (("config_groups", "group_0", "weights", "group_size", 256),
+     r"config_groups\.group_0\.weights: group_size must be one of \(32, 64, 128\), got 256"),
+    (("config_groups", "group_0", "weights", "group_size", 128.0), r"weights: group_size must be .*, got 128\.0"),
     (("config_groups", "group_0", "weights", "strategy", "channel"), r"strategy='channel': only per-group"),
     (("format", "marlin-24"), r"format 'marlin-24' is not supported"),
     (("config_groups", "group_0", "input_activations", {"num_bits": 8}), r"quantizes activations too"),
@@ -309,7 +313,7 @@ def test_unsupported_compressed_tensors_variants(change, match, tmp_path, ct_mod
 
 
 @pytest.mark.parametrize(("key", "value", "match"), [
-    ("bits", 3, r"AWQ bits=3"), ("version", "gemv", r"AWQ version 'gemv'"), ("group_size", 16, r"AWQ group_size=16 is not supported"),
+    ("bits", 3, r"AWQ bits=3"), ("version", "gemv", r"AWQ version 'gemv'"), ("group_size", 16, r"AWQ: group_size must be one of .*, got 16"),
     ("quant_method", "gptq", r"quant_method 'gptq' is not supported"),
 ])
 def test_unsupported_awq_variants(key, value, match, tmp_path):

@@ -78,6 +78,10 @@ def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
 
 
 def check_group_size(group_size: int) -> None:
+    # An int, not merely equal to one: 128.0 would pass `in GROUP_SIZES` and then reach shapes and kernels as a float.
+    # (A SymInt is an int under torch.compile with dynamic shapes.)
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, torch.SymInt)):
+        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r} ({type(group_size).__name__})")
     if group_size not in GROUP_SIZES:
         raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
 

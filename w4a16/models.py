@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .formats import from_awq, from_compressed_tensors
-from .layout import GROUP_SIZES, check_group_size, check_symmetric
+from .layout import check_group_size, check_symmetric
 from .linear import W4A16Linear
 
 DEFAULT_SKIP = ("lm_head",)
@@ -140,9 +140,11 @@ def parse_quantization_config(quant: dict) -> CheckpointScheme:
 
 
 def _check_group_size(group_size, where: str) -> int:
-    if group_size not in GROUP_SIZES:
-        raise _scheme_error(f"{where} group_size={group_size!r} is not supported: expected one of {GROUP_SIZES}")
-    return int(group_size)
+    try:
+        check_group_size(group_size)
+    except ValueError as error:
+        raise _scheme_error(f"{where}: {error}") from None
+    return group_size
 
 
 def _parse_compressed_tensors(quant: dict) -> CheckpointScheme:
