@@ -13,7 +13,7 @@ from w4a16_testing import assert_matches_reference, require_module
 transformers = require_module("transformers", "transformers comes with the eval extra")
 save_file = require_module("safetensors.torch", "safetensors comes with the eval extra").save_file
 
-from w4a16 import W4A16Linear  # noqa: E402
+from w4a16 import W4A16Linear, quantize  # noqa: E402
 from w4a16.formats import to_awq, to_compressed_tensors  # noqa: E402
 from w4a16.models import load_quantized, quantize_model, set_backend  # noqa: E402
 from w4a16.reference import dequantize  # noqa: E402
@@ -320,6 +320,17 @@ def test_unsupported_awq_variants(key, value, match, tmp_path):
     model = quantize_model(tiny_model("llama", seed=14), group_size=32, symmetric=False)
     quantization = dict(AWQ_CONFIG, **{key: value})
     _refused(tmp_path, model, "awq", "quantization_config: " + match, quantization=quantization)
+
+
+def test_awq_layer_whose_n_is_not_a_multiple_of_8_is_refused():
+    # qweight [K, N // 8] has the shape the truncating division expects, which alone would load 8 of the 12 rows
+    from w4a16.models import CheckpointScheme, _quantized_layer
+
+    awq = to_awq(quantize(torch.randn(8, 64, dtype=torch.float16), 32, symmetric=False))
+    tensors = {f"layer.{name}": tensor for name, tensor in awq.items()}
+    with pytest.raises(ValueError, match=r"^layer: the model's layer has N = 12; AWQ packs N by 8"):
+        _quantized_layer("layer", nn.Linear(64, 12, bias=False), tensors, CheckpointScheme("awq", 32, False),
+                         torch.device("cpu"), torch.float16)
 
 
 def test_pickle_checkpoints_are_refused(tmp_path, ct_model):

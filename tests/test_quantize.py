@@ -45,6 +45,19 @@ def test_a_group_whose_scale_underflows_in_fp16_dequantizes_to_zero():
         assert torch.equal(w4a16.dequantize(qw), torch.zeros_like(w))
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_groups_spanning_most_of_the_dtype_range_quantize_to_finite_weights(symmetric, dtype, generator):
+    # The asymmetric range max - min overflows float32 here if computed as such.
+    big = torch.finfo(dtype).max * 0.6
+    w = (torch.randn(8, 128, generator=generator) * (big / 8)).to(dtype)
+    w[:, 0], w[:, 1] = big, -big
+    qw = w4a16.quantize(w, 128, symmetric)
+    deq = w4a16.dequantize(qw)
+    assert torch.isfinite(deq.to(dtype)).all()
+    assert ((deq - w.float()).abs() <= qw.scales.float().repeat_interleave(128, dim=1) * 1.01).all()
+
+
 @pytest.mark.parametrize(
     "w, group_size, error, match",
     [
@@ -53,6 +66,8 @@ def test_a_group_whose_scale_underflows_in_fp16_dequantizes_to_zero():
         (torch.zeros(8, 192), 128, ValueError, "K=192 must be a multiple of group_size=128"),
         (torch.zeros(8, 128), 96, ValueError, "group_size must be one of"),
         (torch.full((8, 128), float("nan")), 128, ValueError, "NaN"),
+        (torch.full((8, 128), 1e300, dtype=torch.float64), 128, ValueError, "beyond float32's range"),
+        (torch.full((8, 128), -torch.finfo(torch.float32).max), 128, ValueError, "would dequantize to inf"),
     ],
 )
 def test_quantize_rejects_bad_input(w, group_size, error, match):

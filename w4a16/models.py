@@ -306,6 +306,8 @@ def _quantized_layer(name: str, linear: nn.Linear, tensors: _Tensors, scheme: Ch
                                          optional.get("weight_g_idx"))
         else:
             qweight = tensors.get(f"{name}.qweight")
+            if n % 8:
+                raise ValueError(f"the model's layer has N = {n}; AWQ packs N by 8, so N must be a multiple of 8")
             if tuple(qweight.shape) != (k, n // 8):
                 raise ValueError(f"qweight has shape {list(qweight.shape)}, expected [K, N // 8] = [{k}, {n // 8}] "
                                  "for the model's layer")

@@ -26,16 +26,17 @@ def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> 
     n, k = w.shape
     if k % group_size:
         raise ValueError(f"K={k} must be a multiple of group_size={group_size}")
-    if not torch.isfinite(w).all():
-        raise ValueError("w contains NaN or inf; cannot quantize it")
     scale_dtype = w.dtype if w.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
     groups = w.detach().to(torch.float32).reshape(n, k // group_size, group_size)
+    # Checked after the cast: a float64 beyond float32's range becomes inf there.
+    if not torch.isfinite(groups).all():
+        raise ValueError("w contains NaN or inf (or float64 values beyond float32's range); cannot quantize it")
     if symmetric:
         scale = groups.abs().amax(dim=-1) / 7.5
     else:
         lo = groups.amin(dim=-1).clamp(max=0)
         hi = groups.amax(dim=-1).clamp(min=0)
-        scale = (hi - lo) / 15
+        scale = hi / 15 - lo / 15  # not (hi - lo) / 15: hi - lo can overflow float32
     # A group whose scale is 0 in the stored dtype (all zeros, or so small that it underflows there) gets scale 1:
     # its values round to q == z, which dequantizes to 0. Checked after the cast, so that no division by 0 follows.
     scale = scale.to(scale_dtype)
@@ -45,6 +46,11 @@ def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> 
         zero = torch.full_like(stored, SYMMETRIC_ZERO)
     else:
         zero = torch.round(-lo.unsqueeze(-1) / stored).clamp(0, 15)
-    q = torch.clamp(torch.round(groups / stored) + zero, 0, 15).to(torch.uint8).reshape(n, k)
+    q = torch.clamp(torch.round(groups / stored) + zero, 0, 15)
+    # Near the dtype's limit the code range can reach past it (q - z = -8 at a scale of max / 7.5): refuse rather
+    # than store weights that dequantize to inf.
+    if ((q - zero).abs().amax(dim=-1) * stored.squeeze(-1) > torch.finfo(scale_dtype).max).any():
+        raise ValueError(f"w has values too close to {scale_dtype}'s largest; they would dequantize to inf")
+    q = q.to(torch.uint8).reshape(n, k)
     zeros = None if symmetric else zero.squeeze(-1).to(torch.uint8)
     return QuantizedWeight(pack_int4(q), scale, zeros, group_size)
