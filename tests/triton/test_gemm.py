@@ -157,6 +157,20 @@ def test_errors(generator):
         triton_gemm(x, qw, torch.zeros(3, dtype=torch.float16, device=DEVICE))
 
 
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's bf16 limitation: CPU only")
+def test_the_interpreter_refuses_bf16(generator):
+    # Its bf16 arithmetic is wrong upstream (off by ~1e10 here): both routes must refuse, not answer.
+    qw = random_weight(16, 128, 128, True, torch.bfloat16, DEVICE, generator)
+    x = random_activation(2, 128, torch.bfloat16, DEVICE, generator)
+    for route in (triton_gemm, dequant_blas_gemm):
+        with pytest.raises(RuntimeError, match="interpreter computes bfloat16 wrong"):
+            route(x, qw)
+    for backend in ("triton", "dequant_blas"):
+        with pytest.raises(RuntimeError, match=f"backend='{backend}' is unavailable on cpu for torch.bfloat16"):
+            w4a16.gemm(x, qw, backend=backend)
+    assert_matches_reference(w4a16.gemm(x, qw), x, qw)  # auto routes bf16 to the reference on CPU
+
+
 # --- GPU only: every model shape of DESIGN.md ------------------------------------------------------------------
 MODEL_SHAPES = [
     (6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728),      # Qwen3-4B

@@ -32,9 +32,11 @@ def _interpreting() -> bool:
     return isinstance(_kernel_module().w4a16_gemm_kernel, InterpretedFunction)
 
 
-def unavailable_reason(device: torch.device | str, route: str = "triton") -> str | None:
+def unavailable_reason(device: torch.device | str, route: str = "triton",
+                       dtype: torch.dtype | None = None) -> str | None:
     """None when the route's Triton kernels ("triton": the table's GEMM kernels; "dequant_blas": the
-    dequantization kernel) can run on `device`; otherwise why not (for dispatch and skips)."""
+    dequantization kernel) can run on `device` (for activations of `dtype`, where given); otherwise why not (for
+    dispatch and skips)."""
     device = torch.device(device)
     try:
         interpreting = _interpreting()
@@ -44,6 +46,8 @@ def unavailable_reason(device: torch.device | str, route: str = "triton") -> str
         if not interpreting:
             return ("the Triton kernel runs on CPU only under the interpreter: set TRITON_INTERPRET=1 before "
                     "w4a16.triton's kernels are imported")
+        if dtype == torch.bfloat16:
+            return "the Triton interpreter computes bfloat16 wrong (an upstream limitation): bfloat16 needs a GPU"
         return None
     if device.type == "cuda":
         if interpreting:
@@ -96,7 +100,7 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     too_large = index_limit_reason(m, qw.n, k, route)
     if too_large is not None:
         raise ValueError(f"{name}: {too_large}")
-    reason = unavailable_reason(x2d.device, route)
+    reason = unavailable_reason(x2d.device, route, x2d.dtype)
     if reason is not None:
         raise RuntimeError(f"{name}: {reason}")
     if bias is not None:
