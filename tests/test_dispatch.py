@@ -246,6 +246,9 @@ def test_op_rejects_inconsistent_tensors(generator):
     strided = qw.scales.t().contiguous().t()
     with pytest.raises(ValueError, match=r"scales must be contiguous .* got strides \(1, 16\)"):
         torch.ops.w4a16.gemm(x, qw.qweight, strided, qw.zeros, 64, None, "auto")
+    with pytest.raises(ValueError, match=r"qweight \[N, K // 8\] and scales \[N, K // G\] must be 2-D, got shapes "
+                                         r"\(256,\) and \(16, 2\)"):
+        torch.ops.w4a16.gemm(x, qw.qweight.flatten(), qw.scales, qw.zeros, 64, None, "auto")
 
 
 @pytest.mark.parametrize(("symmetric", "with_bias", "shape"), [(True, False, (3, 128)), (False, True, (2, 4, 128))])
@@ -304,3 +307,24 @@ def test_gradient_flows_to_x(generator):
     x16 = x.detach().half().requires_grad_()
     torch.library.opcheck(torch.ops.w4a16.gemm.default,
                           (x16, qw.qweight, qw.scales.half(), qw.zeros, 32, None, "auto"))
+
+
+def test_gradient_flows_to_a_trainable_bias(generator):
+    qw = random_weight(24, 128, 32, True, torch.float16, generator=generator)
+    x = random_activation(6, 128, torch.float16, generator=generator).reshape(2, 3, 128).requires_grad_()
+    bias = torch.randn(24, generator=generator).half().requires_grad_()
+    grad = torch.randn(2, 3, 24, generator=generator).half()
+    w4a16.gemm(x, qw, bias).backward(grad)
+    torch.testing.assert_close(bias.grad, grad.float().sum((0, 1)).half())
+    bias.grad = None
+    w4a16.gemm(x.detach(), qw, bias).backward(grad)  # the bias alone trainable
+    torch.testing.assert_close(bias.grad, grad.float().sum((0, 1)).half())
+    torch.library.opcheck(torch.ops.w4a16.gemm.default, (x, qw.qweight, qw.scales, None, 32, bias, "auto"))
+
+
+def test_trainable_scales_are_refused_at_backward(generator):
+    qw = random_weight(24, 128, 32, True, torch.float32, generator=generator)
+    scales = qw.scales.clone().requires_grad_()
+    y = w4a16.gemm(torch.randn(2, 128, generator=generator), w4a16.QuantizedWeight(qw.qweight, scales, None, 32))
+    with pytest.raises(RuntimeError, match="scales require grad, but the quantized weight is frozen"):
+        y.sum().backward()

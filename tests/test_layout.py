@@ -74,6 +74,7 @@ def test_quantized_weight_properties():
     assert not asym.symmetric and asym.zeros.dtype == torch.uint8
     moved = asym.to("cpu", dtype=torch.bfloat16)
     assert moved.scales.dtype == torch.bfloat16 and torch.equal(moved.zeros, asym.zeros)
+    assert asym.to(torch.bfloat16).scales.dtype == torch.bfloat16  # a dtype alone, as Tensor.to takes it
     assert "N=16" in repr(qw) and "K=256" in repr(qw)
 
 

@@ -148,7 +148,9 @@ def _uncached_unavailable_reason(backend: str, device: torch.device, dtype: torc
     module, reason = _module(name)
     if module is None:
         return reason
-    return module.unavailable_reason(device, dtype) if backend == "skinny" else module.unavailable_reason(device, backend)
+    if backend == "skinny":
+        return module.unavailable_reason(device, dtype)
+    return module.unavailable_reason(device, backend, dtype)
 
 
 @functools.cache
@@ -230,6 +232,9 @@ def _check_call(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     """Metadata-only checks (shapes, dtypes, devices): they run unchanged on fake tensors while tracing."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if qw.qweight.dim() != 2 or qw.scales.dim() != 2:  # before anything reads N or K from their shapes
+        raise ValueError(f"qweight [N, K // 8] and scales [N, K // G] must be 2-D, got shapes "
+                         f"{tuple(qw.qweight.shape)} and {tuple(qw.scales.shape)}")
     check_gemm_args(x, qw, bias)
     check_group_size(qw.group_size)
     for name, tensor in (("qweight", qw.qweight), ("scales", qw.scales), ("zeros", qw.zeros)):
@@ -322,17 +327,25 @@ def _gemm_fake(x, qweight, scales, zeros, group_size, bias, backend):
 
 
 def _setup_context(ctx, inputs, output):
-    _, qweight, scales, zeros, group_size, _, _ = inputs
+    _, qweight, scales, zeros, group_size, bias, _ = inputs
     ctx.save_for_backward(qweight, scales, zeros)
     ctx.group_size = group_size
+    ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _backward(ctx, grad):
-    """d/dx only (the packed weight, scales, zeros and bias are buffers): grad_x = grad @ dequant(W), in fp32."""
+    """Gradients for x (grad @ dequant(W), in fp32) and bias (grad summed over the rows); the weight is frozen."""
+    if ctx.needs_input_grad[2]:
+        raise RuntimeError("w4a16.gemm: scales require grad, but the quantized weight is frozen (gradients reach x "
+                           "and bias only); detach the scales or train a floating-point copy of the weight")
     qweight, scales, zeros = ctx.saved_tensors
-    w = dequantize(_weight(qweight, scales, zeros, ctx.group_size), torch.float32)
-    grad_x = (grad.to(torch.float32) @ w).to(grad.dtype) if ctx.needs_input_grad[0] else None
-    return grad_x, None, None, None, None, None, None
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        w = dequantize(_weight(qweight, scales, zeros, ctx.group_size), torch.float32)
+        grad_x = (grad.to(torch.float32) @ w).to(grad.dtype)
+    if ctx.needs_input_grad[5]:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).to(torch.float32).sum(0).to(ctx.bias_dtype)
+    return grad_x, None, None, None, None, grad_bias, None
 
 
 gemm_op.register_autograd(_backward, setup_context=_setup_context)

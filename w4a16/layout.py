@@ -177,7 +177,10 @@ class QuantizedWeight:
         return torch.full_like(self.scales, SYMMETRIC_ZERO, dtype=torch.uint8)
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> QuantizedWeight:
-        """A copy on `device`, with scales cast to `dtype` (the activation dtype) when given."""
+        """A copy on `device`, with scales cast to `dtype` (the activation dtype) when given; `qw.to(torch.float16)`
+        works as for tensors."""
+        if isinstance(device, torch.dtype) and dtype is None:
+            device, dtype = None, device
         scales = self.scales.to(device=device, dtype=dtype)
         zeros = None if self.zeros is None else self.zeros.to(device)
         return QuantizedWeight(self.qweight.to(device), scales, zeros, self.group_size)
