@@ -108,11 +108,60 @@ def test_quantize_model_refuses_what_it_would_leave_unquantized_silently():
     from transformers.pytorch_utils import Conv1D  # GPT-2's projections: a 2-D weight, not an nn.Linear
 
     model = nn.Sequential(nn.Linear(64, 64), Conv1D(64, 64))
-    with pytest.raises(ValueError, match=r"^1: Conv1D has a 2-D weight but is not an nn.Linear"):
+    with pytest.raises(ValueError, match=r"^1: Conv1D holds weight\(s\) \['weight'\] of 2 or more dimensions but "
+                                         r"is not an nn.Linear"):
         quantize_model(model, group_size=32)
     assert isinstance(quantize_model(model, group_size=32, skip=("1",))[0], W4A16Linear)
     with pytest.raises(ValueError, match=r"no nn.Linear layer to quantize \(skip=\('0', '1'\)\)"):
         quantize_model(nn.Sequential(nn.Linear(64, 64), Conv1D(64, 64)), group_size=32, skip=("0", "1"))
+
+
+class _FusedExperts(nn.Module):
+    """A mixture-of-experts block as transformers stores it: the experts' weights fused into 3-D parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(64, 4)
+        self.gate_up_proj = nn.Parameter(torch.randn(4, 128, 64))
+        self.down_proj = nn.Parameter(torch.randn(4, 64, 64))
+
+
+def test_quantize_model_refuses_fused_experts_and_linear_subclasses():
+    model = nn.Sequential(nn.Linear(64, 64), _FusedExperts())
+    with pytest.raises(ValueError, match=r"^1: _FusedExperts holds weight\(s\) \['gate_up_proj', 'down_proj'\]"):
+        quantize_model(model, group_size=32)
+    # MultiheadAttention reads in_proj_weight and out_proj.weight itself; skipping it skips what is inside it
+    model = nn.ModuleDict({"attn": nn.MultiheadAttention(64, 4), "proj": nn.Linear(64, 64)})
+    with pytest.raises(ValueError, match=r"^attn: MultiheadAttention holds weight\(s\) \['in_proj_weight'\] .* "
+                                         r"\(2 such module\(s\): \['attn', 'attn.out_proj'\]\)"):
+        quantize_model(model, group_size=32)
+    quantize_model(model, group_size=32, skip=("attn",))
+    assert type(model["attn"].out_proj) is not W4A16Linear and isinstance(model["proj"], W4A16Linear)
+    x = torch.randn(3, 1, 64)
+    model["attn"](x, x, x)
+
+
+@pytest.mark.parametrize("bad", ["meta", "nan", "float64"])
+def test_quantize_model_changes_nothing_when_a_layer_cannot_be_quantized(bad):
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    if bad == "meta":
+        model[2] = nn.Linear(64, 64, device="meta")
+    elif bad == "nan":
+        with torch.no_grad():
+            model[2].weight[0, 0] = float("nan")
+    else:
+        model[2].double()
+    match = {"meta": "meta device", "nan": "NaN", "float64": "dtype must be float16, bfloat16 or float32"}[bad]
+    with pytest.raises((ValueError, TypeError), match=rf"^2: .*{match}"):
+        quantize_model(model, group_size=32)
+    assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear], "nothing replaced on error"
+
+
+def test_quantizing_a_quantized_model_again_says_so():
+    model = quantize_model(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)), group_size=32)
+    with pytest.raises(ValueError, match=r"no nn.Linear layer to quantize .*; the model's 2 W4A16Linear layer\(s\) "
+                                         r"are quantized already"):
+        quantize_model(model, group_size=32)
 
 
 def test_quantize_model_quantizes_a_shared_layer_once_under_every_name():

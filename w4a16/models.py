@@ -48,6 +48,26 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
+def _skipped(name: str, skip: tuple[str, ...]) -> bool:
+    """A module is skipped when its name, or the name of a module it sits in, matches a skip pattern."""
+    parts = name.split(".")
+    return any(_matches(".".join(parts[:end]), skip) for end in range(1, len(parts) + 1))
+
+
+def _left_unquantized(module: nn.Module) -> str | None:
+    """Why quantize_model would leave a module's weights in floating point without a word, or None."""
+    if type(module) is nn.Linear or isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return None
+    if isinstance(module, nn.Linear):  # MultiheadAttention's out_proj, or a linear that is quantized already
+        return (f"{type(module).__name__} subclasses nn.Linear, and it or the module around it may read its "
+                f".weight, which W4A16Linear does not have")
+    weights = [name for name, p in module.named_parameters(recurse=False) if p.dim() >= 2]
+    if weights:
+        return (f"{type(module).__name__} holds weight(s) {weights} of 2 or more dimensions but is not an "
+                f"nn.Linear, which is all quantize_model replaces")
+    return None
+
+
 def quantize_model(
     model: nn.Module,
     group_size: int = 128,
@@ -57,30 +77,31 @@ def quantize_model(
 ) -> nn.Module:
     """Replace the model's nn.Linear layers by W4A16Linear (round-to-nearest), in place; returns the model.
 
-    Embeddings are not nn.Linear and stay as they are; `lm_head` is skipped by default (pass skip=() to
-    quantize it too). A layer reached under several names (a shared module) becomes one W4A16Linear under all of
-    them. Errors, each naming the layer: in_features not a multiple of group_size; a projection with a 2-D
-    weight that is not an nn.Linear (GPT-2's Conv1D, say), which this would otherwise leave unquantized without a
-    word (add it to skip to keep it as is); and no layer to quantize at all.
+    skip: layer names or patterns (a dotted suffix, a glob, or "re:" and a regular expression); a match skips the
+    module and every module inside it. Embeddings are not nn.Linear and stay as they are; `lm_head` is skipped by
+    default (pass skip=() to quantize it too). A layer reached under several names (a shared module) becomes one
+    W4A16Linear under all of them. Every layer is checked and quantized before any is replaced, so an error leaves
+    the model as it was. Errors, each naming the layer: in_features not a multiple of group_size; weights of 2 or
+    more dimensions that this would otherwise leave unquantized without a word (GPT-2's Conv1D, the fused 3-D
+    experts of a mixture-of-experts layer, MultiheadAttention) and subclasses of nn.Linear (skip them to keep them
+    as they are); weights it cannot quantize (on the meta device, float64, NaN); and no layer to quantize at all.
     """
     check_group_size(group_size)  # both checked before any layer is touched
     check_symmetric(symmetric)
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)
-    modules = list(model.named_modules(remove_duplicate=False))
-    unsupported = [(name, m) for name, m in modules
-                   if not isinstance(m, (nn.Linear, nn.Embedding, nn.EmbeddingBag))
-                   and isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 2
-                   and not _matches(name, skip)]
+    modules = [(name, m) for name, m in model.named_modules(remove_duplicate=False) if not _skipped(name, skip)]
+    unsupported = [(name, reason) for name, m in modules if (reason := _left_unquantized(m))]
     if unsupported:
-        name, module = unsupported[0]
-        raise ValueError(f"{name}: {type(module).__name__} has a 2-D weight but is not an nn.Linear, which is all "
-                         f"quantize_model replaces; add it to skip to keep it as is ({len(unsupported)} such "
-                         f"layer(s): {[n for n, _ in unsupported[:4]]})")
-    targets = [(name, m) for name, m in modules if isinstance(m, nn.Linear) and not _matches(name, skip)]
+        name, reason = unsupported[0]
+        raise ValueError(f"{name or 'the model'}: {reason}; add it to skip to keep it as is ({len(unsupported)} "
+                         f"such module(s): {[n for n, _ in unsupported[:4]]})")
+    targets = [(name, m) for name, m in modules if type(m) is nn.Linear]
     if not targets:
-        raise ValueError(f"no nn.Linear layer to quantize (skip={skip})")
+        done = sum(isinstance(m, W4A16Linear) for m in model.modules())
+        raise ValueError(f"no nn.Linear layer to quantize (skip={skip})"
+                         + (f"; the model's {done} W4A16Linear layer(s) are quantized already" if done else ""))
     for name, linear in targets:
         if linear.in_features % group_size:
             raise ValueError(
@@ -90,7 +111,11 @@ def quantize_model(
     quantized: dict[int, W4A16Linear] = {}  # by id of the nn.Linear: a shared layer is quantized once
     for name, linear in targets:
         if id(linear) not in quantized:
-            quantized[id(linear)] = W4A16Linear.from_linear(linear, group_size, symmetric, backend)
+            try:
+                quantized[id(linear)] = W4A16Linear.from_linear(linear, group_size, symmetric, backend)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{name}: {exc}") from exc
+    for name, linear in targets:
         _set_submodule(model, name, quantized[id(linear)])
     return model
 
