@@ -268,12 +268,21 @@ def test_compare_measures_ours_against_the_same_runs_torch_matmul(tmp_path):
     assert comparison.failures[0].relative_ratio == pytest.approx(1.2096)
 
 
-def _fake_bench_run(monkeypatch, benches):
-    """cli._run_kernels with the child pytest replaced by one that writes `benches` as its JSON (exit status 0)."""
+def _write_collected(kwargs, benches):
+    """As tests/bench/conftest.py does where the bench asks: the case keys the child pytest selected."""
+    path = kwargs.get("env", {}).get(cli.COLLECTED_ENV)
+    if path:
+        Path(path).write_text(json.dumps([results._info_key(b["extra_info"]) for b in benches]))
+
+
+def _fake_bench_run(monkeypatch, benches, selected=None):
+    """cli._run_kernels with the child pytest replaced by one that writes `benches` as its JSON (exit status 0),
+    having selected `selected` (default: `benches`)."""
 
     def fake_pytest(command, **kwargs):
         [json_arg] = [a for a in command if a.startswith("--benchmark-json=")]
         _write_run(Path(json_arg.split("=", 1)[1]), "2026-01-03T00:00:00", benches)
+        _write_collected(kwargs, benches if selected is None else selected)
         return 0
 
     monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
@@ -324,6 +333,7 @@ def test_a_regression_must_reproduce_when_measured_again(tmp_path, monkeypatch, 
             factor = again_factors[len(calls) - 2]
             benches = _scaled([b for b in BASE if b["extra_info"]["M"] == 1], factor, {"auto", "skinny"})
         _write_run(Path(json_arg.split("=", 1)[1]), "2026-01-03T00:00:00", benches)
+        _write_collected(kwargs, benches)
         return 0
 
     monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
@@ -347,6 +357,52 @@ def test_a_regression_must_reproduce_when_measured_again(tmp_path, monkeypatch, 
         assert auto_m1.seconds == pytest.approx(10e-6 * again_factors[-1])
     else:
         assert stored.name == "0001_quick.json"
+
+
+@pytest.mark.parametrize("pytest_args", [[], ["-v"], ["-k", "o"]])
+def test_a_case_selected_but_not_measured_fails_whatever_the_pytest_arguments(tmp_path, monkeypatch, pytest_args):
+    import argparse
+
+    storage = tmp_path / "sm_90"
+    _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", BASE)
+    # selected, but skipped (the skinny build failed, say): absent from the run's JSON
+    _fake_bench_run(monkeypatch, [b for b in BASE if b["extra_info"]["backend"] != "skinny"], selected=BASE)
+    args = argparse.Namespace(set="quick", save=True, compare="newest", pytest_args=pytest_args,
+                              inject_slowdown=False)
+    assert cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp") == 1
+    report = (tmp_path / "out" / "compare.txt").read_text()
+    assert "MISSING" in report and "M=1 bf16 g128 sym skinny" in report
+    assert results.stored_runs(storage) == [storage / "machine" / "0001_quick.json"]
+
+
+def test_a_measurement_again_that_lacks_a_backend_does_not_replace_the_first(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    first = _write_run(tmp_path / "first.json", "2026-01-02T00:00:00", _scaled(BASE, 1.5, {"skinny"}))
+    m1 = [b for b in BASE if b["extra_info"]["M"] == 1]
+    again = _write_run(tmp_path / "again.json", "2026-01-02T00:01:00",
+                       [b for b in m1 if b["extra_info"]["backend"] != "skinny"])  # skinny skipped this time
+    shape = ("llama3.1-8b", "o", 4096, 4096, 1, "bf16", 128, True)
+    lines = results.keep_better(first, again, base, 0.10, {shape})
+    assert "the first kept" in lines[0]
+    comparison = results.compare(results.load_run(first), base, 0.10)
+    assert [c.key[-1] for c in comparison.failures] == ["skinny"]
+
+
+def test_a_case_without_its_own_anchor_is_measured_against_the_nearest_m(tmp_path):
+    # the peers are timed at fewer M than ours: M = 2 and 3 of ours against torch at M = 1 (and M = 256's own)
+    extra = [_bench("llama3.1-8b", "o", 2, "auto", 11.0), _bench("llama3.1-8b", "o", 3, "auto", 12.0)]
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE + extra))
+    everything_slower = _scaled(BASE + extra, 1.3, {"auto", "skinny", "torch_bf16", "tinygemm"})
+    comparison = results.compare(results.load_run(_write_run(tmp_path / "c.json", "2026-01-02", everything_slower)),
+                                 base, 0.10)
+    assert comparison.ok, comparison.report()  # a machine-wide drift, not a regression
+    m3 = next(c for c in comparison.changes if c.key[4] == 3 and c.key[-1] == "auto")
+    assert m3.anchor_m == 1 and m3.relative_ratio == pytest.approx(1.0)
+    ours_slower = _scaled(BASE + extra, 1.3, {"auto"})
+    comparison = results.compare(results.load_run(_write_run(tmp_path / "d.json", "2026-01-02", ours_slower)),
+                                 base, 0.10)
+    assert sorted(c.key[4] for c in comparison.failures) == [1, 2, 3, 256]
+    assert "+30.0% relative to torch_bf16 at M=1" in comparison.report()
 
 
 def test_a_selection_that_measures_nothing_fails_clearly(tmp_path, monkeypatch, capsys):

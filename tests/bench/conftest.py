@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -82,3 +83,16 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         if not hasattr(config, "_w4a16_gpu_info"):
             config._w4a16_gpu_info = _gpu_info()
         machine_info["w4a16"] = config._w4a16_gpu_info
+
+
+def pytest_collection_finish(session):
+    """Where python -m w4a16.bench asks (W4A16_BENCH_COLLECTED), write the case keys pytest selected, after any
+    -k: --compare then knows which cases a run was asked for, so a case of ours that stops being measured fails
+    as missing whatever the arguments."""
+    path = os.environ.get("W4A16_BENCH_COLLECTED")
+    if path:
+        from w4a16.bench import results
+
+        keys = [results.case_key(item.callspec.params["case"]) for item in session.items
+                if hasattr(item, "callspec") and "case" in item.callspec.params]
+        Path(path).write_text(json.dumps(keys))

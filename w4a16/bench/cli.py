@@ -30,6 +30,7 @@ from .timing import DEVICE_CLOCK_NAME
 
 SET_ENV = "W4A16_BENCH_SET"
 MODELS_ENV = "W4A16_BENCH_MODELS"
+COLLECTED_ENV = "W4A16_BENCH_COLLECTED"  # where the child pytest writes the case keys it selected (conftest.py)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH_TESTS = REPO_ROOT / "tests" / "bench" / "test_kernels.py"
 # Fresh measurements of a regressed shape before the comparison fails (see _run_kernels).
@@ -159,7 +160,9 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
         print("NOTE: --inject-slowdown: our backends run twice per timed call (a deliberate 2x regression)")
     print(f"bench: {len(cases)} cases of set {set_name!r} on {arch}; storage {storage}", flush=True)
     t0 = time.perf_counter()
-    rc = subprocess.call(pytest_command(json_path, [str(BENCH_TESTS)]), cwd=REPO_ROOT, env=env)
+    collected_path = json_path.with_name(f"{json_path.stem}-collected.json")
+    rc = subprocess.call(pytest_command(json_path, [str(BENCH_TESTS)]), cwd=REPO_ROOT,
+                         env={**env, COLLECTED_ENV: str(collected_path)})
     print(f"bench: pytest finished in {time.perf_counter() - t0:.0f} s with exit status {rc}", flush=True)
     if rc == 5:  # pytest's "no tests": the selection (-k ...) left nothing to measure
         print(f"error: no benchmark was selected (pytest exit status 5; its arguments: "
@@ -173,8 +176,11 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
     status = 0 if rc == 0 else 1
     report = None
     if baseline is not None:
-        # With extra pytest arguments (-k ...) the cases asked for are not known here: only measured ones count.
-        expected = None if args.pytest_args else [results.case_key(c) for c in cases]
+        expected = _asked_for(collected_path)
+        if expected is None:
+            print(f"error: --compare: the benchmark run did not say which cases it selected ({collected_path}), so "
+                  "a case that stopped being measured could not be told from one not asked for", file=sys.stderr)
+            return 1
         base_run = results.load_run(baseline)
         comparison = results.compare(current, base_run, threshold, expected=expected)
         again_lines = []
@@ -233,6 +239,14 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
                   file=sys.stderr)
     print(f"bench: results in {out}")
     return status
+
+
+def _asked_for(collected_path: Path) -> list[tuple] | None:
+    """The case keys the benchmark run selected (after any -k), as its conftest wrote them; None if it did not."""
+    try:
+        return [tuple(key) for key in json.loads(collected_path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _device_name() -> str:

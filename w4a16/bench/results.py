@@ -162,8 +162,14 @@ def keep_better(run_path: str | Path, again_path: str | Path, baseline: Run, thr
                 out[c.key[:-1]] = max(out.get(c.key[:-1], 0.0), c.relative_ratio)
         return out
 
+    def keys(run: Run, shape: tuple) -> set[tuple]:
+        return {key for key in run.records if key[:-1] == shape}
+
     before, after = worst(first), worst(again)
-    better = {s for s in shapes if s in after and after[s] < before.get(s, math.inf)}
+    # Only a complete measurement replaces the first: one that lacks a backend (skipped the second time) would
+    # drop that backend's regression from the comparison.
+    better = {s for s in shapes if s in after and after[s] < before.get(s, math.inf)
+              and keys(again, s) >= keys(first, s)}
     data = json.loads(Path(run_path).read_text())
     again_benches = json.loads(Path(again_path).read_text()).get("benchmarks", [])
     data["benchmarks"] = ([b for b in data.get("benchmarks", []) if _shape_of(b) not in better]
@@ -275,6 +281,7 @@ class Change:
     baseline_s: float
     current_s: float
     anchor_ratio: float | None = None  # the anchor's current / baseline time (ours only, where both runs have it)
+    anchor_m: int | None = None  # the M the anchor was timed at: the case's own, or the nearest both runs have
 
     @property
     def ratio(self) -> float:
@@ -351,7 +358,8 @@ class Comparison:
             return ""
         if change.anchor_ratio is None:
             return ", no anchor: gated on its own median"
-        return f", {change.relative_ratio - 1:+.1%} relative to {anchor_backend(change.key[5])}"
+        at = "" if change.anchor_m == change.key[4] else f" at M={change.anchor_m}"
+        return f", {change.relative_ratio - 1:+.1%} relative to {anchor_backend(change.key[5])}{at}"
 
     def _peer_context(self, change: Change) -> str:
         """For a case of ours: how the peers of the same shape and M moved between the two runs. Peers moving too
@@ -376,17 +384,30 @@ def compare(current: Run, baseline: Run, threshold: float = DEFAULT_THRESHOLD,
     gpus = tuple(run.machine.get("w4a16", {}).get("gpu") for run in (baseline, current))
     result = Comparison(threshold, gpus=gpus)
 
-    def anchor_ratio(key: tuple) -> float | None:
+    def anchor(key: tuple) -> tuple[float | None, int | None]:
+        """(the anchor's current / baseline time, its M): at the case's M, or at the nearest M (in log M) where
+        both runs have it, since the peers are timed at fewer M than ours (catalogue.TORCH_M) and a case gated on
+        its raw time would fail on a machine-wide drift alone."""
         if key[-1] not in OURS:
-            return None
-        anchor = (*key[:-1], anchor_backend(key[5]))
-        base, cur = baseline.records.get(anchor), current.records.get(anchor)
-        return cur.seconds / base.seconds if base and cur else None
+            return None, None
+        model, layer, n, k, m, dtype, g, sym, _ = key
+        ratios = []
+        for other in measured_m:
+            anchor = (model, layer, n, k, other, dtype, g, sym, anchor_backend(dtype))
+            base, cur = baseline.records.get(anchor), current.records.get(anchor)
+            if base and cur:
+                ratios.append((abs(math.log(other / m)), other, cur.seconds / base.seconds))
+        if not ratios:
+            return None, None
+        _, anchor_m, ratio = min(ratios)
+        return ratio, anchor_m
+
+    measured_m = sorted({key[4] for key in current.records})
 
     for key, base in sorted(baseline.records.items()):
         cur = current.records.get(key)
         if cur is not None:
-            result.changes.append(Change(key, base.seconds, cur.seconds, anchor_ratio(key)))
+            result.changes.append(Change(key, base.seconds, cur.seconds, *anchor(key)))
     if expected is not None:
         wanted = set(expected)
         result.missing = sorted(k for k in baseline.records
