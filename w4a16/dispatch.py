@@ -267,7 +267,7 @@ def _check_forced(backend: str, m: int, k: int, x: torch.Tensor) -> None:
     reason = unavailable_reason(backend, x.device, x.dtype)
     if reason is not None:
         raise RuntimeError(f"backend={backend!r} is unavailable on {x.device} for {x.dtype}: {reason}")
-    if backend == "skinny":
+    if backend == "skinny" and m > 0:
         r = rules(_device_arch(x.device))
         if not r.skinny_takes(m, k):
             raise ValueError(
@@ -308,14 +308,14 @@ def gemm_op(
     lead = x.shape[:-1]
     x2d = x.reshape(-1, qw.k)
     m = x2d.shape[0]
+    if backend != "auto":  # before the empty shortcut: a forced backend that cannot run here says so for any M
+        _check_forced(backend, m, qw.k, x)
     if m == 0:
         return x.new_empty((*lead, qw.n))
     if not x2d.is_contiguous():  # the kernels stream rows of K; a strided x is copied once here
         x2d = x2d.contiguous()
     if backend == "auto":
         backend = choose_backend(m, qw.n, qw.k, x.dtype, x.device)
-    else:
-        _check_forced(backend, m, qw.k, x)
     return _run(backend, x2d, qw, bias).reshape(*lead, qw.n)
 
 

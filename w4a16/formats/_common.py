@@ -33,8 +33,10 @@ def check_trivial_g_idx(g_idx: torch.Tensor | None, k: int, group_size: int) -> 
     """Accept g_idx only when it is the plain order k // G (act-order checkpoints are not supported)."""
     if g_idx is None:
         return
+    if not isinstance(g_idx, torch.Tensor) or tuple(g_idx.shape) != (k,):
+        raise ValueError(f"g_idx must be a tensor of shape [K] = [{k}], got {getattr(g_idx, 'shape', type(g_idx))}")
     expected = torch.arange(k, device=g_idx.device) // group_size
-    if tuple(g_idx.shape) != (k,) or not torch.equal(g_idx.to(torch.int64), expected):
+    if not torch.equal(g_idx.to(torch.int64), expected):
         raise ValueError(
             "g_idx must be the trivial order k // group_size: act-order (desc_act) checkpoints are not supported"
         )

@@ -26,7 +26,10 @@ def from_compressed_tensors(
     checkpoint quantized with actorder="group" has one) must be the plain order k // G: other orders are refused.
     """
     check_int32(weight_packed, "weight_packed")
-    n, k = (int(v) for v in (weight_shape.tolist() if isinstance(weight_shape, torch.Tensor) else weight_shape))
+    shape = weight_shape.tolist() if isinstance(weight_shape, torch.Tensor) else list(weight_shape)
+    if len(shape) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+        raise ValueError(f"weight_shape must be two positive integers [N, K], got {shape}")
+    n, k = shape
     if k % 8:
         raise ValueError(f"weight_shape K={k} must be a multiple of 8")
     check_shape(weight_packed, "weight_packed", (n, k // 8), "[N, K // 8] from weight_shape")
