@@ -388,6 +388,20 @@ def test_a_measurement_again_that_lacks_a_backend_does_not_replace_the_first(tmp
     assert [c.key[-1] for c in comparison.failures] == ["skinny"]
 
 
+def test_the_report_says_what_software_changed_under_the_anchor(tmp_path):
+    def run(name, torch_version):
+        path = _write_run(tmp_path / name, "2026-01-01T00:00:00", BASE)
+        data = json.loads(path.read_text())
+        data["machine_info"]["w4a16"].update(torch=torch_version, driver="580.159.04")
+        path.write_text(json.dumps(data))
+        return results.load_run(path)
+
+    report = results.compare(run("current.json", "2.12.0"), run("base.json", "2.11.0"), 0.10).report()
+    assert "software changed since the baseline (the anchor, torch's matmul, may have moved with it): " \
+           "torch 2.11.0 -> 2.12.0" in report
+    assert "software changed" not in results.compare(run("c.json", "2.11.0"), run("d.json", "2.11.0")).report()
+
+
 def test_a_case_without_its_own_anchor_is_measured_against_the_nearest_m(tmp_path):
     # the peers are timed at fewer M than ours: M = 2 and 3 of ours against torch at M = 1 (and M = 256's own)
     extra = [_bench("llama3.1-8b", "o", 2, "auto", 11.0), _bench("llama3.1-8b", "o", 3, "auto", 12.0)]

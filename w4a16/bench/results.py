@@ -275,6 +275,10 @@ def anchor_backend(dtype: str) -> str:
     return f"torch_{dtype}"
 
 
+# Machine-info fields (tests/bench/conftest.py) whose change between two runs the comparison reports.
+SOFTWARE_FIELDS = ("torch", "triton", "cuda", "hip", "driver")
+
+
 @dataclass(frozen=True)
 class Change:
     key: tuple
@@ -304,6 +308,7 @@ class Comparison:
     missing: list[tuple] = field(default_factory=list)  # ours, in the baseline and asked for, not measured
     unbaselined: list[tuple] = field(default_factory=list)  # ours, measured, not in the baseline
     gpus: tuple[str | None, str | None] = (None, None)  # the baseline's and this run's GPU names, where recorded
+    software: list[str] = field(default_factory=list)  # "torch 2.11.0 -> 2.12.0": what changed under the anchor
 
     @property
     def regressions(self) -> list[Change]:
@@ -333,6 +338,9 @@ class Comparison:
                          f"the anchor, over {len(ours)} cases")
         else:
             lines.append("NOTHING OF OURS COMPARED: this run and the baseline share no case of our backends")
+        if self.software:
+            lines.append("software changed since the baseline (the anchor, torch's matmul, may have moved with it): "
+                         + ", ".join(self.software))
         if self.other_gpu:
             lines.append(f"OTHER GPU: the baseline was measured on {self.gpus[0]}, this run on {self.gpus[1]}; "
                          "store a baseline for this GPU (--save) or compare with one of its runs (--compare RUN.json)")
@@ -381,8 +389,11 @@ def _key_text(key: tuple) -> str:
 def compare(current: Run, baseline: Run, threshold: float = DEFAULT_THRESHOLD,
             expected: Iterable[tuple] | None = None) -> Comparison:
     """Medians of the cases both runs hold; `expected`: the keys this run was asked to measure."""
-    gpus = tuple(run.machine.get("w4a16", {}).get("gpu") for run in (baseline, current))
-    result = Comparison(threshold, gpus=gpus)
+    facts = [run.machine.get("w4a16", {}) for run in (baseline, current)]
+    result = Comparison(threshold, gpus=(facts[0].get("gpu"), facts[1].get("gpu")))
+    # The anchor absorbs what moves torch too; a new torch or driver also moves the anchor itself, so say so.
+    result.software = [f"{name} {facts[0][name]} -> {facts[1][name]}" for name in SOFTWARE_FIELDS
+                       if facts[0].get(name) and facts[1].get(name) and facts[0][name] != facts[1][name]]
 
     def anchor(key: tuple) -> tuple[float | None, int | None]:
         """(the anchor's current / baseline time, its M): at the case's M, or at the nearest M (in log M) where
