@@ -56,6 +56,19 @@ def test_state_dict_of_the_other_format_is_refused(generator):
         W4A16Linear(128, 16, bias=False, symmetric=True).load_state_dict(asym.state_dict())
 
 
+def test_state_dict_with_zero_points_outside_0_to_15_is_refused(generator):
+    asym = W4A16Linear.from_quantized(random_weight(16, 128, 32, False, torch.float16, generator=generator))
+    state = asym.state_dict()
+    state["zeros"] = state["zeros"].clone()
+    state["zeros"][3, 1] = 16
+    fresh = W4A16Linear(128, 16, bias=False, group_size=32, symmetric=False)
+    with pytest.raises(ValueError, match=r"zeros values must lie in 0..15, got min \d+ and max 16"):
+        fresh.load_state_dict(state)
+    nested = torch.nn.Sequential(fresh)
+    with pytest.raises(ValueError, match=r"0\.zeros values must lie in 0..15"):
+        nested.load_state_dict({f"0.{name}": tensor for name, tensor in state.items()})
+
+
 def test_from_quantized_casts_scales_once(generator):
     qw = random_weight(16, 256, 128, False, torch.float32, generator=generator)
     module = W4A16Linear.from_quantized(qw, torch.randn(16, generator=generator), dtype=torch.float16)

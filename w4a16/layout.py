@@ -31,7 +31,7 @@ _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int6
 _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _check_nibbles(q: torch.Tensor, name: str) -> None:
+def check_nibbles(q: torch.Tensor, name: str) -> None:
     if q.dtype not in _INTEGER_DTYPES:
         raise TypeError(f"{name} must be an integer tensor with values 0..15, got dtype {q.dtype}")
     if q.numel() and (int(q.min()) < 0 or int(q.max()) > 15):
@@ -40,7 +40,7 @@ def _check_nibbles(q: torch.Tensor, name: str) -> None:
 
 def pack_nibbles(q: torch.Tensor, order: tuple[int, ...], name: str = "q") -> torch.Tensor:
     """Pack the last dim of an integer tensor (values 0..15) 8 per int32 word; slot s gets element order[s]."""
-    _check_nibbles(q, name)
+    check_nibbles(q, name)
     if q.dim() < 1 or q.shape[-1] % NIBBLES_PER_WORD:
         raise ValueError(f"{name}'s last dim must be a multiple of 8, got shape {tuple(q.shape)}")
     runs = q.to(torch.int64).reshape(*q.shape[:-1], q.shape[-1] // NIBBLES_PER_WORD, NIBBLES_PER_WORD)
@@ -97,7 +97,7 @@ def _as_zero_points(zeros: torch.Tensor) -> torch.Tensor:
         if not torch.equal(zeros, zeros.round()):
             raise ValueError("zeros must be integer-valued zero points 0..15, got non-integer floats")
         zeros = zeros.to(torch.int64)
-    _check_nibbles(zeros, "zeros")
+    check_nibbles(zeros, "zeros")
     return zeros.to(torch.uint8)
 
 

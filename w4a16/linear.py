@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import dispatch
-from .layout import QuantizedWeight, check_group_size, check_symmetric
+from .layout import QuantizedWeight, check_group_size, check_nibbles, check_symmetric
 from .quantize import quantize
 
 
@@ -112,6 +112,14 @@ class W4A16Linear(nn.Module):
             )
         qw = quantize(weight, group_size, symmetric)
         return cls.from_quantized(qw, None if linear.bias is None else linear.bias.detach(), weight.dtype, backend)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # The kernels read zero points unchecked (a check per call would synchronise the device): refuse values
+        # outside 0..15 once, here, rather than compute with them.
+        zeros = state_dict.get(prefix + "zeros")
+        if isinstance(zeros, torch.Tensor) and zeros.device.type != "meta":
+            check_nibbles(zeros, f"{prefix}zeros")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The weight as a (validated) QuantizedWeight over this module's buffers."""
