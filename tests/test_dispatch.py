@@ -183,6 +183,22 @@ def test_non_contiguous_x_is_handled(generator):
     assert torch.equal(out, w4a16.gemm(x.contiguous(), qw))
 
 
+def test_backends_get_aligned_rows_and_a_contiguous_bias(monkeypatch, generator):
+    # The skinny kernel refuses x off a 16-byte boundary and a strided bias: "auto" must not send it either.
+    seen = []
+    run = dispatch._run
+    monkeypatch.setattr(dispatch, "_run", lambda backend, x2d, qw, bias: seen.append((x2d, bias))
+                        or run(backend, x2d, qw, bias))
+    qw = random_weight(32, 128, 128, True, torch.float16, generator=generator)
+    buf = torch.randn(2 * 128 + 1, generator=generator).half()
+    x = buf[1:].view(2, 128)  # contiguous, 2 bytes off
+    bias = torch.randn(64, generator=generator).half()[::2]
+    assert x.is_contiguous() and x.data_ptr() % 16 and not bias.is_contiguous()
+    assert_matches_reference(w4a16.gemm(x, qw, bias), x, qw, bias)
+    [(x2d, b)] = seen
+    assert x2d.data_ptr() % 16 == 0 and b.is_contiguous()
+
+
 @pytest.mark.parametrize("backend", ["skinny", "triton", "dequant_blas", "reference", "reference_fp64"])
 def test_forcing_each_backend_runs_or_says_why(backend, generator):
     """A forced backend either computes the right answer or raises naming the reason dispatch reports."""

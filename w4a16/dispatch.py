@@ -312,8 +312,12 @@ def gemm_op(
         _check_forced(backend, m, qw.k, x)
     if m == 0:
         return x.new_empty((*lead, qw.n))
-    if not x2d.is_contiguous():  # the kernels stream rows of K; a strided x is copied once here
-        x2d = x2d.contiguous()
+    # The kernels stream rows of K from 16-byte aligned rows: a strided x, or a contiguous view that starts off a
+    # 16-byte boundary (buf[1:].view(...)), is copied once here, and so is a strided bias.
+    if not x2d.is_contiguous() or x2d.data_ptr() % 16:
+        x2d = x2d.clone(memory_format=torch.contiguous_format)
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     if backend == "auto":
         backend = choose_backend(m, qw.n, qw.k, x.dtype, x.device)
     return _run(backend, x2d, qw, bias).reshape(*lead, qw.n)
