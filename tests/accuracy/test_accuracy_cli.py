@@ -119,6 +119,22 @@ def test_accuracy_command_exits_nonzero_when_a_gate_fails(model_dir, tmp_path):
     assert not report["passed"] and all(r["scores"]["kernel"] is None for r in report["results"])
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (("--tasks", ""), "--tasks must name at least one task, got ''"),
+    (("--tasks", ","), "--tasks must name at least one task, got ','"),
+])
+def test_accuracy_command_refuses_to_evaluate_nothing(tmp_path, args, message):
+    proc = _run(tmp_path, *args, "--device", "cpu")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
+def test_accuracy_command_on_a_gpu_that_torch_cannot_see_fails(tmp_path):
+    # a GPU runner whose GPU is not visible must not gate the CPU reference path and pass
+    proc = _run(tmp_path, "--device", "cuda", "--limit", "1")
+    assert proc.returncode == 2 and "--device cuda: no GPU is visible to torch here" in proc.stderr, proc.stderr
+
+
 def test_accuracy_command_runs_the_float64_control_when_asked(model_dir, tmp_path):
     gates = _gates(tmp_path / "gates.toml", model_dir, tolerance=1.0)
     proc = _run(tmp_path, "--gates", str(gates), "--out", str(tmp_path), "--backends", "fp,reference,control,kernel",

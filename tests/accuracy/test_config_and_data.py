@@ -39,6 +39,13 @@ def test_default_gates_file_is_consistent():
      r"tolerance has no entry for task\(s\) \['w4a16_facts'\]"),
     (('default_suite = "embedded"', 'default_suite = "nightly"'), "default_suite"),
     (("tolerance = { w4a16_arith = 0.55 }", "tolerance = { gsm8k = 0.55 }"), r"names task\(s\) \['gsm8k'\]"),
+    # every gate comparison is false for NaN: a NaN bound would pass everything
+    (("tolerance = { w4a16_arith = 0.15, w4a16_facts = 0.10 }", "tolerance = { w4a16_arith = nan, w4a16_facts = 0.10 }"),
+     r"tolerance.w4a16_arith must be a finite number in \[-inf, inf\], got nan"),
+    (("min_identical_greedy = 0.95", "min_identical_greedy = nan"), r"\[gate\] min_identical_greedy must be a finite"),
+    (("greedy_divergence_p = 0.01", "greedy_divergence_p = 1.5"), r"greedy_divergence_p must be .* in \[0, 1\]"),
+    (("greedy_divergence_p = 0.01", "greedy_divergence_p = 0.01\nmin_identical = 0.9"), r"unknown setting\(s\)"),
+    (("limit = 50", "limit = 0.5"), r"\[tasks.w4a16_arith\] limit must be a positive integer, got 0.5"),
 ])
 def test_bad_gates_file_names_the_problem(tmp_path, change, message):
     text = DEFAULT_GATES.read_text()

@@ -20,6 +20,14 @@ def test_passes_when_kernel_matches_reference_and_drop_is_within_tolerance():
     assert v.identical == 1.0
 
 
+@pytest.mark.parametrize("variant", ["fp", "reference", "kernel"])
+def test_a_nan_score_or_stderr_fails(variant):
+    scores = {"fp": score(0.60), "reference": score(0.55), "kernel": score(0.55)}
+    for broken in (score(float("nan")), score(0.55, float("nan"))):
+        v = judge("t", "acc,none", {**scores, variant: broken}, RULES, 0.08)
+        assert not v.passed and v.failures == [f"not a finite score or stderr: {variant}"]
+
+
 def test_fails_when_kernel_and_reference_differ_by_more_than_one_stderr():
     v = judge("t", "acc,none", {"fp": score(0.60),
         "reference": score(0.55), "kernel": score(0.49)}, RULES, 0.5)

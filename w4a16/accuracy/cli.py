@@ -1,7 +1,8 @@
 """`python -m w4a16 accuracy`: run the accuracy gate (fp vs W4A16 reference vs W4A16 kernels) with lm-eval.
 
 Reads regression/gates.toml, evaluates each model of the suite on its tasks, prints a table, writes one JSON file
-per model (to baselines/<arch>/accuracy/ unless --out is given), and exits 1 when any gate fails.
+per model (to baselines/<arch>/accuracy/ for the whole gate, build/<arch>/accuracy/ for a --tasks, --limit or
+--backends subset, or --out), and exits 1 when any gate fails.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends",
                         help="comma-separated subset of fp,reference,control,kernel (default: all four on a GPU; "
                              "on CPU, where the kernel column repeats the reference, all but control)")
-    parser.add_argument("--out", type=Path, help="where the JSON goes (default: baselines/<arch>/accuracy/)")
+    parser.add_argument("--out", type=Path, help="where the JSON goes (default: baselines/<arch>/accuracy/, or "
+                                                 "build/<arch>/accuracy/ for a --tasks, --limit or --backends subset)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
                         help="activation dtype (default: bfloat16 on a GPU, float32 on CPU)")
@@ -182,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--backends must be a comma-separated subset of {','.join(ALL_BACKENDS)}, "
                              f"got {args.backends!r}")
         wanted = _csv(args.tasks)
+        if wanted == []:
+            raise ValueError(f"--tasks must name at least one task, got {args.tasks!r}")
         plans = [(spec, _tasks(spec, wanted)) for spec in models]
         if args.limit is not None and args.limit <= 0:
             raise ValueError(f"--limit must be positive, got {args.limit}")
@@ -190,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():  # a GPU runner must not gate the CPU reference
+        print(f"error: --device {args.device}: no GPU is visible to torch here", file=sys.stderr)
+        return 2
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     batch_size = args.batch_size or (4 if device.type == "cuda" else 32)
     if backends is None:  # the control calibrates kernel vs reference: nothing to calibrate where they are one
@@ -204,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
                   + "; ".join(f"{b}: {reason}" for b, reason in missing.items()), file=sys.stderr)
             return 2
     machine = _machine(device, dtype)
-    out = args.out or REPO_ROOT / "baselines" / arch(device) / "accuracy"
+    # Only the whole gate (no --tasks, --limit or --backends subset) replaces the stored results of this arch.
+    partial = args.tasks is not None or args.limit is not None or args.backends is not None
+    out = args.out or REPO_ROOT / ("build" if partial else "baselines") / arch(device) / "accuracy"
     kernel_note = (f'"kernel" = backend "auto": {machine["kernel_rule"]}'
                    + ("; on CPU that is the reference, so kernel repeats the reference path"
                       if device.type != "cuda" else ""))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -88,6 +89,19 @@ def _error(path: Path, where: str, message: str) -> ValueError:
     return ValueError(f"{path}: [{where}] {message}")
 
 
+def _number(path: Path, where: str, name: str, value, low: float = 0.0, high: float = math.inf) -> float:
+    """A finite number in [low, high] (every gate comparison is false for NaN, so a NaN bound would pass all)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high \
+            or not math.isfinite(value):
+        raise _error(path, where, f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _numbers(path: Path, where: str, name: str, table: dict, low: float = 0.0, high: float = math.inf
+             ) -> dict[str, float]:
+    return {key: _number(path, where, f"{name}.{key}", value, low, high) for key, value in table.items()}
+
+
 def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> ModelSpec:
     where = f"models.{name}"
     source, fmt = raw.get("source"), raw.get("format")
@@ -100,7 +114,7 @@ def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> Mode
     if fmt == "fp":
         quant = tuple(
             Quantization(int(q["group_size"]), bool(q["symmetric"]),
-                         {t: float(v) for t, v in q.get("tolerance", {}).items()})
+                         _numbers(path, where, "quantize.tolerance", q.get("tolerance", {}), -math.inf))
             for q in raw.get("quantize", [])
         )
         if not quant:
@@ -113,7 +127,7 @@ def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> Mode
     unknown = [t for t in model_tasks if t not in tasks]
     if not model_tasks or unknown:
         raise _error(path, where, f"tasks must name entries of [tasks] ({sorted(tasks)}), got {list(model_tasks)}")
-    tolerance = {t: float(v) for t, v in raw.get("tolerance", {}).items()}
+    tolerance = _numbers(path, where, "tolerance", raw.get("tolerance", {}), -math.inf)
     missing = [t for t in model_tasks if t not in tolerance]
     if missing:
         raise _error(path, where, f"tolerance has no entry for task(s) {missing}")
@@ -121,9 +135,10 @@ def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> Mode
         if set(q.tolerance) - set(model_tasks):
             raise _error(path, where, f"{q.label}'s tolerance names task(s) {sorted(set(q.tolerance) - set(model_tasks))}"
                          " the model does not run")
+    expected = _numbers(path, where, "expected", raw.get("expected", {}), high=1.0)
     return ModelSpec(
         name=name, source=source, format=fmt, tasks=model_tasks, tolerance=tolerance, path=raw.get("path"),
-        fp_path=raw.get("fp_path"), quantize=quant, expected={t: float(v) for t, v in raw.get("expected", {}).items()},
+        fp_path=raw.get("fp_path"), quantize=quant, expected=expected,
     )
 
 
@@ -134,13 +149,22 @@ def load_gates(path: str | Path = DEFAULT_GATES) -> Gates:
         raise FileNotFoundError(f"gates file {path} does not exist")
     with open(path, "rb") as f:
         raw = tomllib.load(f)
-    rules = GateRules(**raw.get("gate", {}))
+    gate = raw.get("gate", {})
+    unknown = set(gate) - {f.name for f in fields(GateRules)}
+    if unknown:
+        raise _error(path, "gate", f"unknown setting(s) {sorted(unknown)}")
+    # The two fractions lie in [0, 1]; the number of standard errors has no upper bound.
+    rules = GateRules(**{key: _number(path, "gate", key, value,
+                                      high=math.inf if key == "kernel_vs_reference_stderrs" else 1.0)
+                         for key, value in gate.items()})
     tasks = {}
     for name, t in raw.get("tasks", {}).items():
         yaml = path.parent / t["yaml"] if "yaml" in t else None
         if yaml is not None and not yaml.is_file():
             raise _error(path, f"tasks.{name}", f"yaml {yaml} does not exist")
-        tasks[name] = TaskSpec(name, t["metric"], int(t["limit"]), yaml, t.get("num_fewshot"))
+        if isinstance(t["limit"], bool) or not isinstance(t["limit"], int) or t["limit"] <= 0:
+            raise _error(path, f"tasks.{name}", f"limit must be a positive integer, got {t['limit']!r}")
+        tasks[name] = TaskSpec(name, t["metric"], t["limit"], yaml, t.get("num_fewshot"))
     models = {name: _model(path, name, m, tasks) for name, m in raw.get("models", {}).items()}
     suites = {name: tuple(members) for name, members in raw.get("suites", {}).items()}
     for name, members in suites.items():

@@ -89,6 +89,12 @@ def judge(
         raise ValueError(f"scores has unknown variant(s) {sorted(unknown)}; expected some of {VARIANTS}")
     verdict = Verdict(task, metric, {v: scores.get(v) for v in VARIANTS})
     fp, ref, control, ker = (verdict.scores[v] for v in VARIANTS)
+    # Every rule below compares with ">", which is false for NaN: a NaN score or stderr must fail here instead.
+    broken = [v for v, score in verdict.scores.items()
+              if score is not None and not (math.isfinite(score.value) and math.isfinite(score.stderr))]
+    if broken:
+        verdict.failures.append(f"not a finite score or stderr: {', '.join(broken)}")
+        return verdict
 
     missing = [v for v, score in (("reference", ref), ("kernel", ker)) if score is None]
     if missing:
