@@ -25,14 +25,28 @@ from w4a16.bench import catalogue, cli, metrics, peers, results, timing
 # Rotation sizing and counting
 
 
-@pytest.mark.parametrize("bytes_per_copy, l2", [(58_720_256, 50 * 2**20), (2_162_688, 50 * 2**20),
-                                               (10**9, 50 * 2**20), (1000, 4 * 2**20), (3_000_000, None)])
-def test_rotation_covers_four_times_l2(bytes_per_copy, l2):
-    copies = metrics.rotation_copies(bytes_per_copy, l2, max_copies=10**9)
-    l2_used = l2 or metrics.DEFAULT_L2_BYTES
-    assert copies * bytes_per_copy >= 4 * l2_used
+@pytest.mark.parametrize("bytes_per_copy, cache", [(58_720_256, 50 * 2**20), (2_162_688, 50 * 2**20),
+                                                  (10**9, 50 * 2**20), (1000, 4 * 2**20), (3_000_000, None)])
+def test_rotation_covers_four_times_the_cache(bytes_per_copy, cache):
+    copies = metrics.rotation_copies(bytes_per_copy, cache, max_copies=10**9)
+    cache_used = cache or metrics.DEFAULT_CACHE_BYTES
+    assert copies * bytes_per_copy >= 4 * cache_used
     # the smallest such count: one copy fewer would not cover it (unless one copy alone does)
-    assert copies == 1 or (copies - 1) * bytes_per_copy < 4 * l2_used
+    assert copies == 1 or (copies - 1) * bytes_per_copy < 4 * cache_used
+
+
+@pytest.mark.parametrize(("arch", "l2", "expected"), [
+    ("gfx1151", 2 * 2**20, 32 * 2**20),   # Strix Halo: L2 2 MiB, Infinity Cache 32 MiB behind it
+    ("gfx1201", 8 * 2**20, 64 * 2**20),
+    ("sm_90", 50 * 2**20, 50 * 2**20),    # no cache past L2
+    ("gfx1100", None, None),              # neither known: rotation_copies falls back to DEFAULT_CACHE_BYTES
+])
+def test_the_rotation_exceeds_amds_infinity_cache_not_only_l2(monkeypatch, arch, l2, expected):
+    import importlib
+
+    monkeypatch.setattr(timing, "l2_cache_bytes", lambda device=None: l2)
+    monkeypatch.setattr(importlib.import_module("w4a16.arch"), "arch", lambda device=None: arch)
+    assert timing.last_level_cache_bytes() == expected
 
 
 def test_rotation_limits_and_errors():

@@ -58,6 +58,7 @@ def _gpu_info() -> dict:
         "multiprocessors": props.multi_processor_count,
         "memory_bytes": props.total_memory,
         "l2_bytes": timing.l2_cache_bytes(),
+        "cache_bytes": timing.last_level_cache_bytes(),  # what each weight rotation exceeds 4x
         "driver": _driver(),
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),

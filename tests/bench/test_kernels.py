@@ -54,12 +54,12 @@ def _weight(case: catalogue.Case):
     return _weights[key]
 
 
-def _prepare(case: catalogue.Case, l2_bytes):
+def _prepare(case: catalogue.Case, cache_bytes):
     key = (case.shape_key, case.backend)
     if key not in _prepared:
         for other in [k for k in _prepared if k[0] == case.shape_key]:  # one backend's rotation at a time
             del _prepared[other]
-        _prepared[key] = peers.prepare(case.backend, _weight(case), l2_bytes)
+        _prepared[key] = peers.prepare(case.backend, _weight(case), cache_bytes)
     return _prepared[key]
 
 
@@ -84,7 +84,7 @@ def test_gemm(benchmark, request, gpu_info, case):
     if reason is not None:
         pytest.skip(f"{case.backend}: {reason}")
     try:
-        prepared = _prepare(case, gpu_info["l2_bytes"])
+        prepared = _prepare(case, gpu_info["cache_bytes"])
     except peers.Unavailable as exc:
         pytest.skip(f"{case.backend}: {exc}")
 

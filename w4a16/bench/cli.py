@@ -212,7 +212,7 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
     device = current.machine.get("w4a16", {}).get("gpu", arch)
     header = (f"# w4a16 kernel benchmarks: {device} ({arch}), {current.datetime[:19]} UTC, set {set_name}, "
               f"copy bandwidth {current.copy_gbps or 0:.0f} GB/s\n\n"
-              "µs per call (median of graph replays over a weight rotation >= 4x L2); auto GB/s counts int4 "
+              "µs per call (median of graph replays over a weight rotation >= 4x the last-level cache); auto GB/s counts int4 "
               "weight + scales (+ zeros) + x + y; speedup = best peer's time / auto's time.\n\n")
     text = header + tables + "\n\n" + results.summary(current.records.values()) + "\n"
     lowered = results.lowered_clock_cases(json_path)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 
 ACTIVATION_BYTES = 2  # fp16 and bf16
-# Copies in the rotation: total weight bytes >= ROTATION_FACTOR x L2, so each call streams its weight from DRAM.
+# Copies in the rotation: total weight bytes >= ROTATION_FACTOR x the last-level cache (L2, or AMD's Infinity
+# Cache: timing.last_level_cache_bytes), so each call streams its weight from DRAM.
 ROTATION_FACTOR = 4
 MAX_COPIES = 512
-# Used when the device does not report its L2 size (older ROCm builds): larger than any current GPU's.
-DEFAULT_L2_BYTES = 128 * 2**20
+# Used when the device's cache size is not known (older ROCm builds): larger than any current GPU's L2.
+DEFAULT_CACHE_BYTES = 128 * 2**20
 
 
 def int4_weight_bytes(n: int, k: int, group_size: int, symmetric: bool) -> int:
@@ -62,13 +63,14 @@ def tflops(n: int, k: int, m: int, seconds: float) -> float:
     return flops(n, k, m) / seconds / 1e12
 
 
-def rotation_copies(bytes_per_copy: int, l2_bytes: int | None, factor: int = ROTATION_FACTOR,
+def rotation_copies(bytes_per_copy: int, cache_bytes: int | None, factor: int = ROTATION_FACTOR,
                     max_copies: int = MAX_COPIES) -> int:
-    """How many weight copies to cycle through so that they total >= factor x L2 (at least 1, at most max)."""
+    """How many weight copies to cycle through so that they total >= factor x the last-level cache (at least 1,
+    at most max)."""
     if bytes_per_copy <= 0:
         raise ValueError(f"bytes_per_copy must be positive, got {bytes_per_copy}")
-    l2 = l2_bytes if l2_bytes and l2_bytes > 0 else DEFAULT_L2_BYTES
-    return max(1, min(max_copies, math.ceil(factor * l2 / bytes_per_copy)))
+    cache = cache_bytes if cache_bytes and cache_bytes > 0 else DEFAULT_CACHE_BYTES
+    return max(1, min(max_copies, math.ceil(factor * cache / bytes_per_copy)))
 
 
 def settle_replays(first_replay_seconds: float, settle_seconds: float, minimum: int) -> int:

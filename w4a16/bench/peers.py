@@ -91,10 +91,10 @@ def tinygemm_pack(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ops.aten._convert_weight_to_int4pack(nibble_pairs, TINYGEMM_INNER_K_TILES), scales_and_zeros
 
 
-def prepare(backend: str, qw: QuantizedWeight, l2_bytes: int | None) -> Prepared:
+def prepare(backend: str, qw: QuantizedWeight, cache_bytes: int | None) -> Prepared:
     """Build the backend's rotation from `qw` (copy 0) and the callable that runs it."""
     n, k, g, sym = qw.n, qw.k, qw.group_size, qw.symmetric
-    copies = metrics.rotation_copies(metrics.weight_bytes(backend, n, k, g, sym), l2_bytes)
+    copies = metrics.rotation_copies(metrics.weight_bytes(backend, n, k, g, sym), cache_bytes)
 
     if backend in OURS:
         weights = [qw] + [_clone_weight(qw) for _ in range(copies - 1)]

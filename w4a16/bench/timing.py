@@ -68,11 +68,26 @@ device_clock = DeviceClock()
 DEVICE_CLOCK_NAME = f"{__name__}.device_clock"
 
 
+# AMD's Infinity Cache (MALL) sits past L2, and torch reports only L2 (2 MiB on gfx1151): a weight rotation sized
+# on L2 alone fits the Infinity Cache there and times it instead of DRAM. Its size on the archs this project
+# targets (Strix Halo: 32 MiB; RDNA 4's RX 9070 family: 64 MiB).
+INFINITY_CACHE_BYTES = {"gfx1151": 32 * 2**20, "gfx1201": 64 * 2**20}
+
+
 def l2_cache_bytes(device: torch.device | int | None = None) -> int | None:
     """The device's L2 size in bytes, where torch reports it (None elsewhere)."""
     props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
     size = getattr(props, "L2_cache_size", None)
     return int(size) if size else None
+
+
+def last_level_cache_bytes(device: torch.device | int | None = None) -> int | None:
+    """What a weight rotation must exceed for its reads to come from DRAM: L2, or the Infinity Cache behind it
+    where the arch has one (None where neither is known)."""
+    from w4a16.arch import arch
+
+    sizes = [size for size in (l2_cache_bytes(device), INFINITY_CACHE_BYTES.get(arch(device))) if size]
+    return max(sizes) if sizes else None
 
 
 def nvml_handle(nvml, device: int):

@@ -7,7 +7,7 @@ For every benchmark shape (N, K) of DESIGN.md's chosen models and every M bucket
 that bucket (bf16, symmetric, G = 128; the table serves every dtype and format), the dequant_blas route and, for the
 report, torch bf16 matmul on pre-dequantized weights. The candidates are the fused kernel's and, on an sm_90 GPU
 with triton's Gluon, the wgmma kernel's (wgmma_kernel.py). Timing: CUDA-graph replay of one call per weight copy over a
-rotation of copies of >= 4x the L2 size (weights come from DRAM as in a model), median of CUDA-event times. Then
+rotation of copies of >= 4x the last-level cache (weights come from DRAM as in a model), median of CUDA-event times. Then
 the case's fastest configs, dequant_blas and torch are timed again in turn a few times, and their medians kept.
 
 The written table: per bucket an "any" rule holding the config with the best geometric-mean time relative to each
@@ -32,7 +32,7 @@ import torch
 
 from ..bench.catalogue import LAYERS, MODELS
 from ..bench.metrics import rotation_copies
-from ..bench.timing import GraphTimer, capture, l2_cache_bytes
+from ..bench.timing import GraphTimer, capture, last_level_cache_bytes
 from .configs import CONFIG_DIR, WGMMA_BLOCK_K, TileConfig
 
 # The models tuned on, with DESIGN.md's shapes as the bench catalogue holds them: model -> [(layer, N, K)].
@@ -129,8 +129,9 @@ def candidates(m: int, wgmma: bool = False) -> list[TileConfig]:
 
 
 def _rotation(nbytes: int) -> int:
-    """Copies of a weight covering 4x the L2 so each call reads DRAM (at least 2; at most 64, to bound memory)."""
-    return max(2, rotation_copies(nbytes, l2_cache_bytes(), max_copies=64))
+    """Copies of a weight covering 4x the last-level cache so each call reads DRAM (at least 2; at most 64, to bound
+    memory)."""
+    return max(2, rotation_copies(nbytes, last_level_cache_bytes(), max_copies=64))
 
 
 def _timer(fn_of_copy, copies: int, replays: int = 10):
@@ -320,7 +321,7 @@ def write_table(arch: str, table: dict, path: Path, extra_meta: dict | None = No
             "torch": torch.__version__,
             "date": datetime.date.today().isoformat(),
             "device": torch.cuda.get_device_name(),
-            "how": f"CUDA-graph replay over rotated weight copies (>= 4x L2), median of CUDA events; bf16, symmetric, G={GROUP_SIZE}; shapes "
+            "how": f"CUDA-graph replay over rotated weight copies (>= 4x the last-level cache), median of CUDA events; bf16, symmetric, G={GROUP_SIZE}; shapes "
                    f"{sorted(SHAPES)}; per case the {FINALISTS} fastest configs within {FINALIST_MARGIN}x, "
                    f"dequant_blas and torch timed again in turn, medians of {FINAL_ROUNDS}; per bucket the best "
                    f"geometric-mean config plus exact-shape overrides where a shape's own best is > {OVERRIDE_GAIN}x faster",
