@@ -132,9 +132,10 @@ at::Tensor skinny_gemm(const at::Tensor& x, const at::Tensor& qweight, const at:
   TORCH_CHECK_VALUE(m * k <= limits.staging_elements, cat("K * M = ", k, " * ", m, " = ", k * m,
                     " activation elements exceed the staging budget of ", limits.staging_elements, " on ", arch,
                     " (use the Triton path for this shape)"));
-  // The kernels index weight chunks (16 bytes) with 32-bit offsets.
-  TORCH_CHECK_VALUE(n * (k / 32) <= INT32_MAX, cat("N * K / 32 = ", n * (k / 32), " weight chunks exceed the ",
-                    "kernel's 32-bit offsets (N=", n, ", K=", k, ")"));
+  // The kernels index weight chunks (16 bytes) with 32-bit offsets, and the launchers round N up to whole tiles
+  // and waves in int (N + 63 at most).
+  TORCH_CHECK_VALUE(n <= INT32_MAX - 63 && n * (k / 32) <= INT32_MAX, cat("N * K / 32 = ", n * (k / 32),
+                    " weight chunks (N=", n, ", K=", k, ") exceed the kernel's 32-bit offsets"));
   check_aligned(x, "x");
   check_aligned(qweight, "qweight");
 
