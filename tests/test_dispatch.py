@@ -266,6 +266,10 @@ def test_op_rejects_inconsistent_tensors(generator):
     with pytest.raises(ValueError, match=r"qweight \[N, K // 8\] and scales \[N, K // G\] must be 2-D, got shapes "
                                          r"\(256,\) and \(16, 2\)"):
         torch.ops.w4a16.gemm(x, qw.qweight.flatten(), qw.scales, qw.zeros, 64, None, "auto")
+    with pytest.raises(ValueError, match="scales is on meta but x is on cpu"):
+        torch.ops.w4a16.gemm(x, qw.qweight, qw.scales.to("meta"), qw.zeros, 64, None, "auto")
+    with pytest.raises(ValueError, match="zeros is on meta but x is on cpu"):
+        torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros.to("meta"), 64, None, "auto")
 
 
 @pytest.mark.parametrize(("symmetric", "with_bias", "shape"), [(True, False, (3, 128)), (False, True, (2, 4, 128))])

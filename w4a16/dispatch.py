@@ -238,6 +238,8 @@ def _check_call(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     check_gemm_args(x, qw, bias)
     check_group_size(qw.group_size)
     for name, tensor in (("qweight", qw.qweight), ("scales", qw.scales), ("zeros", qw.zeros)):
+        if tensor is not None and tensor.device != x.device:  # the op skips QuantizedWeight's own device check
+            raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}")
         if tensor is not None and not tensor.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernels index it as a dense row-major array), got "
                              f"strides {tuple(tensor.stride())} for shape {tuple(tensor.shape)}")
