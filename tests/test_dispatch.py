@@ -143,6 +143,21 @@ def test_describe_rule_counts_the_shapes_measured_apart(monkeypatch):
     assert f"skinny for M <= 8 (K*M <= {r.skinny_staging_elements}; {apart} weight shape" in text, text
 
 
+@pytest.mark.parametrize("unavailable", [(), ("triton",), ("dequant_blas",), ("triton", "dequant_blas")])
+def test_describe_rule_names_what_decide_picks_past_the_skinny_kernel(monkeypatch, unavailable):
+    """Without the fused kernel, decide() sends every M past the skinny kernel to dequant_blas: the description
+    must say so, not "reference"."""
+    monkeypatch.setattr(dispatch, "unavailable_reason",
+                        lambda backend, device, dtype: "not here" if backend in unavailable else None)
+    monkeypatch.setattr(dispatch, "_device_arch", lambda device: "sm_90")
+    r = dispatch.rules("sm_90")
+    available = {b: b not in unavailable for b in ("skinny", "triton", "dequant_blas")}
+    text = dispatch.describe_rule("cuda:0", torch.bfloat16)
+    below_crossover = decide(r.skinny_max_m + 1, 4096, 4096, r, **available)
+    assert text.endswith(f"{below_crossover} otherwise"), (text, below_crossover)
+    assert ("dequant_blas for M >=" in text) == (not unavailable), text
+
+
 def test_shipped_shape_overrides_are_well_formed():
     for arch_name, entry in dispatch._measured_skinny_max_m().items():
         for o in entry.get("shape_overrides", []):

@@ -203,13 +203,14 @@ def describe_rule(device: torch.device | str, dtype: torch.dtype = torch.float16
         apart = len(r.skinny_max_m_overrides)
         shapes = f"; {apart} weight shape{'s' * (apart > 1)} measured apart" if apart else ""
         parts.append(f"skinny for M <= {r.skinny_max_m} (K*M <= {r.skinny_staging_elements}{shapes})")
-    if unavailable_reason("dequant_blas", device, dtype) is None:
+    triton, blas = (unavailable_reason(b, device, dtype) is None for b in ("triton", "dequant_blas"))
+    if blas and triton:  # as decide(): dequant_blas from its crossover, else the fused kernel
         apart = f"{len(r.dequant_blas_overrides)} weight shapes tuned apart" if r.dequant_blas_overrides else ""
         if r.dequant_blas_min_m is not None:
             parts.append(f"dequant_blas for M >= {r.dequant_blas_min_m}" + (f" ({apart})" if apart else ""))
         elif apart:
             parts.append(f"dequant_blas for {apart}")
-    parts.append("triton otherwise" if unavailable_reason("triton", device, dtype) is None else "reference otherwise")
+    parts.append("triton otherwise" if triton else "dequant_blas otherwise" if blas else "reference otherwise")
     return f"{r.arch}: " + ", ".join(parts)
 
 
