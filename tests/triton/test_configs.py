@@ -166,8 +166,10 @@ def test_a_merged_retune_replaces_only_its_buckets(tmp_path, monkeypatch):
             "dequant_blas_min_m": 512, "dequant_blas_overrides": [{"n": 8, "k": 64, "min_m": None}]}
     results = [{"n": 8, "k": 64, "m": 64, "configs": [(new, 1.0), (old, 2.0)], "dequant_blas_us": 9.0}]
     table, meta = merge_tables(base, build_table(results), [64])
-    assert [(b["m"], b["rules"][0]["config"]) for b in table["buckets"]] == [(16, old), (64, new), (512, old)]
-    assert table["overrides"] == [base["overrides"][0]]  # the re-tuned bucket's best is its default: no override
+    kept = TileConfig.from_json(old, {}).to_json()  # written in full (base's defaults applied)
+    assert [(b["m"], b["rules"][0]["config"]) for b in table["buckets"]] == [(16, kept), (64, new), (512, kept)]
+    # The re-tuned bucket's best is its default: no override there.
+    assert table["overrides"] == [{**base["overrides"][0], "config": kept}]
     assert table["dequant_blas_min_m"] == 512 and table["dequant_blas_overrides"] == base["dequant_blas_overrides"]
     assert meta == {"merged": {"retuned_m": [64], "other_buckets_from": {
         "date": "2026-01-01", "triton": "3.6.0", "torch": "2.11", "device": "NVIDIA H200"}}}
@@ -220,6 +222,71 @@ def test_the_tuner_times_its_finalists_in_turn_and_keeps_the_medians():
     medians = tune._interleaved_medians({key: timer(key) for key in samples}, 3)
     assert medians == {"a": 3.0, "b": 4.0}
     assert calls == ["a", "b"] * 3
+
+
+def test_configs_not_timed_again_are_moved_to_the_re_timing_clock():
+    """A config left out of the re-timing keeps its sweep time scaled by the finalists' drift: the machine that ran
+    the finalists 8% slower would otherwise let an unscaled, 4% slower sweep time win the case."""
+    from w4a16.triton import tune
+
+    sweep = [(f"config {i}", us) for i, us in enumerate([10.0, 10.1, 10.2, 10.3, 10.4])]
+    final = {cfg: us * 1.08 for cfg, us in sweep[:tune.FINALISTS]}
+    timed = tune._on_final_clock(sweep, final)
+    best = min(timed, key=lambda entry: entry[1])[0]
+    assert best == "config 0", timed
+    assert timed[-1][1] == pytest.approx(10.4 * 1.08)
+    assert [us for _, us in timed[:tune.FINALISTS]] == [final[cfg] for cfg, _ in sweep[:tune.FINALISTS]]
+
+
+def test_a_merge_keeps_the_old_buckets_as_the_old_table_read_them(tmp_path, monkeypatch):
+    """The AMD tables leave num_stages to their defaults (1); write_table writes the tuner's own defaults (3), so
+    kept buckets and overrides must be written in full or they would change stages on a merge."""
+    import json
+
+    from w4a16.triton.tune import build_table, merge_tables, write_table
+
+    base = json.loads((configs.CONFIG_DIR / "gfx1151.json").read_text())
+    assert base["defaults"].get("num_stages") == 1
+    before = configs._parse("gfx1151", base)
+    tuned = max(before.buckets)[0]
+    new = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
+    results = [{"n": 8, "k": 64, "m": tuned, "configs": [(new, 1.0)], "dequant_blas_us": 9.0}]
+    table, meta = merge_tables(base, build_table(results), [tuned])
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *args: "gfx1151 test")
+    path = tmp_path / "gfx1151.json"
+    write_table("gfx1151", table, path, meta)
+    after = configs._parse("gfx1151", json.loads(path.read_text()))
+    assert dict(after.buckets)[tuned][0][1] == TileConfig.from_json(new, {})
+    kept = [b for b in before.buckets if b[0] != tuned]
+    assert kept and [b for b in after.buckets if b[0] != tuned] == kept
+    assert {key: c for key, c in after.overrides.items() if key[2] != tuned} == \
+        {key: c for key, c in before.overrides.items() if key[2] != tuned}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--m", "16,48"], "powers of two"),
+    (["--m", "x"], "powers of two"),
+    (["--shapes", "llama3.1-8b,gpt2"], "--shapes"),
+    (["--shapes", "qwen3-4b", "--merge"], "needs all of --shapes"),
+])
+def test_the_tuner_refuses_bad_arguments_before_timing(argv, message, capsys):
+    from w4a16.triton import tune
+
+    with pytest.raises(SystemExit) as exc:
+        tune.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_table_meta_names_the_models_tuned(tmp_path, monkeypatch):
+    import json
+
+    from w4a16.triton.tune import write_table
+
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *args: "NVIDIA H200")
+    path = tmp_path / "sm_90.json"
+    write_table("sm_90", {"buckets": []}, path, {"partial": "1 of 4 cases timed"}, ["qwen3-4b"])
+    meta = json.loads(path.read_text())["meta"]
+    assert "shapes ['qwen3-4b']" in meta["how"] and meta["partial"] == "1 of 4 cases timed"
 
 
 def test_a_table_that_selects_the_wgmma_kernel_needs_gluon(monkeypatch):

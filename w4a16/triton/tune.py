@@ -166,6 +166,15 @@ def _finalists(configs: list[tuple]) -> list:
     return [cfg for cfg, us in ranked[:FINALISTS] if us <= FINALIST_MARGIN * ranked[0][1]]
 
 
+def _on_final_clock(sweep: list[tuple], final: dict) -> list[tuple]:
+    """The sweep's (config, µs) pairs with the re-timed medians in place of the finalists' sweep times, and every
+    other config's sweep time scaled by the finalists' median drift (re-timed / swept). The machine's clock moves
+    between the sweep and the re-timing, so an unscaled sweep time could beat medians it was never timed beside."""
+    swept = dict(sweep)
+    drift = statistics.median(final[cfg] / swept[cfg] for cfg in final) if final else 1.0
+    return [(cfg, final[cfg] if cfg in final else us * drift) for cfg, us in sweep]
+
+
 def _make_weights(n: int, k: int, dtype: torch.dtype):
     from ..layout import QuantizedWeight, pack_int4
 
@@ -209,10 +218,12 @@ def tune(shapes: list[tuple[str, str, int, int]], m_values: list[int], log=print
                     log(f"    skip {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
                     continue
                 row["configs"].append((cfg, us))
+            if not row["configs"]:
+                raise RuntimeError(f"no candidate config ran for {model} {name} N={n} K={k} M={m} (see the skips)")
             final = _interleaved_medians({key: timers[key] for key in ("torch", "dequant_blas", *_finalists(row["configs"]))},
                                          FINAL_ROUNDS)
             row["torch_us"], row["dequant_blas_us"] = final.pop("torch"), final.pop("dequant_blas")
-            row["configs"] = [(cfg.to_json(), final.get(cfg, us)) for cfg, us in row["configs"]]
+            row["configs"] = [(cfg.to_json(), us) for cfg, us in _on_final_clock(row["configs"], final)]
             row["retimed"] = [cfg.to_json() for cfg in final]
             best_cfg, best_us = min(row["configs"], key=lambda e: e[1])
             log(f"[{done}/{total}] {model} {name} N={n} K={k} M={m}: best {best_us:.1f} µs {best_cfg} | "
@@ -295,11 +306,16 @@ def merge_tables(base: dict, table: dict, m_values: list[int]) -> tuple[dict, di
     tuned = set(m_values)
     meta = base.get("meta", {})
     suffix = all(b["m"] in tuned for b in base["buckets"] if b["m"] >= min(tuned))
+
+    def in_full(config: dict) -> dict:  # base's entries rely on base's defaults; write_table writes its own
+        return TileConfig.from_json(config, base.get("defaults", {})).to_json()
+
+    kept_buckets = [{**b, "rules": [{**r, "config": in_full(r["config"])} for r in b["rules"]]}
+                    for b in base["buckets"] if b["m"] not in tuned]
+    kept_overrides = [{**o, "config": in_full(o["config"])} for o in base.get("overrides", []) if o["m"] not in tuned]
     merged = {
-        "buckets": sorted([b for b in base["buckets"] if b["m"] not in tuned] + table["buckets"],
-                          key=lambda b: b["m"]),
-        "overrides": sorted([o for o in base.get("overrides", []) if o["m"] not in tuned] + table["overrides"],
-                            key=lambda o: (o["m"], o["n"], o["k"])),
+        "buckets": sorted(kept_buckets + table["buckets"], key=lambda b: b["m"]),
+        "overrides": sorted(kept_overrides + table["overrides"], key=lambda o: (o["m"], o["n"], o["k"])),
         **(_merged_dequant_blas(base, table, min(tuned)) if suffix else {
             "dequant_blas_min_m": base.get("dequant_blas_min_m"),
             "dequant_blas_overrides": base.get("dequant_blas_overrides", [])}),
@@ -310,7 +326,9 @@ def merge_tables(base: dict, table: dict, m_values: list[int]) -> tuple[dict, di
     return merged, {"merged": note}
 
 
-def write_table(arch: str, table: dict, path: Path, extra_meta: dict | None = None) -> None:
+def write_table(arch: str, table: dict, path: Path, extra_meta: dict | None = None,
+                models: list[str] | None = None) -> None:
+    """Write `table` with its meta; `models`: the models whose shapes were tuned (default: all of SHAPES)."""
     import triton
 
     data = {
@@ -322,7 +340,7 @@ def write_table(arch: str, table: dict, path: Path, extra_meta: dict | None = No
             "date": datetime.date.today().isoformat(),
             "device": torch.cuda.get_device_name(),
             "how": f"CUDA-graph replay over rotated weight copies (>= 4x the last-level cache), median of CUDA events; bf16, symmetric, G={GROUP_SIZE}; shapes "
-                   f"{sorted(SHAPES)}; per case the {FINALISTS} fastest configs within {FINALIST_MARGIN}x, "
+                   f"{sorted(models or SHAPES)}; per case the {FINALISTS} fastest configs within {FINALIST_MARGIN}x, "
                    f"dequant_blas and torch timed again in turn, medians of {FINAL_ROUNDS}; per bucket the best "
                    f"geometric-mean config plus exact-shape overrides where a shape's own best is > {OVERRIDE_GAIN}x faster",
             **(extra_meta or {}),
@@ -342,27 +360,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"models, from {sorted(SHAPES)}")
     parser.add_argument("--m", default=",".join(map(str, M_BUCKETS)), help="M buckets")
     parser.add_argument("--merge", action="store_true",
-                        help="re-tune only the --m buckets: keep the table's other buckets and their overrides, and its "
-                             "dequant_blas entries unless the --m buckets are all of the table's from the smallest "
-                             "up; note the re-tuned buckets in its meta")
+                        help="re-tune only the --m buckets of the table at --out (if there is one, else the package's): "
+                             "keep its other buckets and their overrides, and its dequant_blas entries unless the --m "
+                             "buckets are all of the table's from the smallest up; note the re-tuned buckets in its "
+                             "meta")
     args = parser.parse_args(argv)
+    models = [name.strip() for name in args.shapes.split(",") if name.strip()]
+    if not models or set(models) - set(SHAPES):
+        parser.error(f"--shapes {args.shapes!r}: give models from {sorted(SHAPES)}")
+    try:
+        m_values = sorted({int(v) for v in args.m.split(",") if v.strip()})
+    except ValueError:
+        m_values = []
+    if not m_values or any(m < 1 or m & (m - 1) for m in m_values):
+        parser.error(f"--m {args.m!r}: give M buckets that are powers of two (the candidate tiles are sized on them)")
+    if args.merge and set(models) != set(SHAPES):
+        parser.error("--merge re-tunes whole buckets, whose configs and dequant_blas crossovers are chosen over every "
+                     f"shape: it needs all of --shapes ({','.join(SHAPES)})")
     if not torch.cuda.is_available():
         print("tune needs a GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     arch = current_arch()
-    shapes = [(model, *s) for model in args.shapes.split(",") for s in SHAPES[model]]
-    m_values = [int(v) for v in args.m.split(",")]
+    shapes = [(model, *s) for model in models for s in SHAPES[model]]
     print(f"tuning {arch} ({torch.cuda.get_device_name()}): {len(shapes)} shapes x {len(m_values)} M buckets, "
           f"{sum(len(candidates(m, wgmma_usable())) for m in m_values)} configs per shape", flush=True)
     path = args.out or CONFIG_DIR / f"{arch}.json"
-    base = json.loads((CONFIG_DIR / f"{arch}.json").read_text()) if args.merge else None
+    # --merge merges into the table at --out where one is there (so merges can follow each other), else the package's.
+    base = json.loads((path if path.exists() else CONFIG_DIR / f"{arch}.json").read_text()) if args.merge else None
+    total = len(shapes) * len(m_values)
 
     def save(results: list[dict]) -> None:
+        # Written after each shape: until the last, the meta says the table is partial.
+        progress = {} if len(results) == total else {"partial": f"{len(results)} of {total} cases timed"}
         if base is None:
-            write_table(arch, build_table(results), path)
+            write_table(arch, build_table(results), path, progress, models)
         else:
             table, meta = merge_tables(base, build_table(results), m_values)
-            write_table(arch, table, path, meta)
+            write_table(arch, table, path, {**meta, **progress}, models)
         if args.results:
             args.results.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {path} ({len(results)} cases)", flush=True)
