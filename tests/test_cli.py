@@ -26,3 +26,13 @@ def test_source_digest_follows_the_sources_only(tmp_path):
     (tmp_path / "csrc" / "kernel.cuh").write_text("// kernel\n")
     (tmp_path / "csrc" / "kernel.cuh").rename(tmp_path / "csrc" / "other.cuh")  # same bytes, another file
     assert info.source_digest(tmp_path) != first
+
+
+def test_asm_refuses_the_triton_options_for_the_skinny_backend():
+    """--backend skinny compiles every instantiation: a shape, dtype or format given with it would be ignored."""
+    import pytest
+
+    from w4a16.__main__ import main
+
+    with pytest.raises(SystemExit, match=r"--m, --dtype, --symmetric/--asymmetric: the triton backend's options"):
+        main(["asm", "--backend", "skinny", "--arch", "sm_90", "--m", "5", "--dtype", "bf16", "--asymmetric"])

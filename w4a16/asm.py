@@ -3,9 +3,10 @@
     python -m w4a16 asm --backend triton --arch gfx1151 --m 256 --n 4096 --k 4096 [--dtype bf16] [--group 128]
     python -m w4a16 asm --backend skinny --arch gfx1201
 
-The triton backend compiles the fused GEMM with the config its tile table picks for (M, N, K, G) on that arch; the
-skinny backend compiles the C++ decode kernel's device code, every instantiation at once (so --m, --n, --k,
---dtype, --group and --asymmetric are the triton backend's). No GPU is needed for either.
+The triton backend compiles the Triton GEMM that the arch's tile table picks for (M, N, K, G): the fused kernel, or
+on sm_90 the wgmma kernel where the table says so. The skinny backend compiles the C++ decode kernel's device code,
+every instantiation at once, so --m, --n, --k, --dtype, --group and --symmetric/--asymmetric are the triton
+backend's only and an error with it. No GPU is needed for either.
 """
 
 from __future__ import annotations
@@ -15,20 +16,23 @@ import os
 import sys
 from pathlib import Path
 
-ARCHS = ("gfx1151", "gfx1201", "sm_90")
+from .triton.configs import SHIPPED_ARCHS
+
+# The triton backend's options, with their defaults: None in the parser, so that giving one to skinny is an error.
+TRITON_DEFAULTS = {"m": 256, "n": 4096, "k": 4096, "dtype": "fp16", "group": 128, "symmetric": True}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("triton", "skinny"), required=True)
-    parser.add_argument("--arch", choices=ARCHS, required=True)
-    parser.add_argument("--m", type=int, default=256, help="rows of x (selects the M bucket; triton only)")
-    parser.add_argument("--n", type=int, default=4096, help="output features (triton only)")
-    parser.add_argument("--k", type=int, default=4096, help="input features (triton only)")
-    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="triton only")
-    parser.add_argument("--group", type=int, choices=(32, 64, 128), default=128, help="group size G (triton only)")
+    parser.add_argument("--arch", choices=SHIPPED_ARCHS, required=True)
+    parser.add_argument("--m", type=int, help="rows of x (selects the M bucket; triton only; default 256)")
+    parser.add_argument("--n", type=int, help="output features (triton only; default 4096)")
+    parser.add_argument("--k", type=int, help="input features (triton only; default 4096)")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), help="triton only (default fp16)")
+    parser.add_argument("--group", type=int, choices=(32, 64, 128), help="group size G (triton only; default 128)")
     sym = parser.add_mutually_exclusive_group()
-    sym.add_argument("--symmetric", dest="symmetric", action="store_true", default=True,
-                     help="uint4b8, z = 8 (default; triton only)")
+    sym.add_argument("--symmetric", dest="symmetric", action="store_true", default=None,
+                     help="uint4b8, z = 8 (triton only; the default)")
     sym.add_argument("--asymmetric", dest="symmetric", action="store_false",
                      help="uint4 with zero points (triton only)")
     parser.add_argument("--out", type=Path, default=Path("asm-out"), help="directory for the assembly files")
@@ -70,4 +74,14 @@ def _run_skinny(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return _run_triton(args) if args.backend == "triton" else _run_skinny(args)
+    given = [name for name in TRITON_DEFAULTS if getattr(args, name) is not None]
+    if args.backend == "skinny":
+        if given:
+            options = ", ".join("--symmetric/--asymmetric" if n == "symmetric" else f"--{n}" for n in given)
+            raise SystemExit(f"{options}: the triton backend's options; --backend skinny compiles every "
+                             "instantiation of the decode kernel and takes none of them")
+        return _run_skinny(args)
+    for name, default in TRITON_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return _run_triton(args)

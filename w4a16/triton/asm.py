@@ -59,7 +59,7 @@ def compile_config(arch: str, config: TileConfig, dtype: str = "fp16", group_siz
     import triton
     from triton.compiler import ASTSource
 
-    from .gemm_kernel import GROUP_M
+    from .gemm_kernel import GROUP_M, ptx_dequant_for_arch
 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be fp16 or bf16, got {dtype!r}")
@@ -78,8 +78,7 @@ def compile_config(arch: str, config: TileConfig, dtype: str = "fp16", group_siz
         "GROUP_SIZE": group_size, "HAS_ZEROS": not symmetric, "HAS_BIAS": has_bias,
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
         "SPLIT_K": config.split_k, "GROUP_M": GROUP_M, "W_LEFT": config.w_left,
-        # The launcher's rule (gemm_kernel.ptx_dequant_for): inline PTX on NVIDIA sm_90+, portable elsewhere.
-        "PTX_DEQUANT": arch.startswith("sm_") and int(arch[3:]) >= 90,
+        "PTX_DEQUANT": ptx_dequant_for_arch(arch),  # the launcher's rule
     }
     # What the JIT infers for real calls: 16-byte aligned pointers; N, K and the row strides multiples of 16.
     names = list(signature)

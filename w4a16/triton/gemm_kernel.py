@@ -131,11 +131,19 @@ def reduce_splits_kernel(ws_ptr, bias_ptr, out_ptr, M, N, stride_om, split_strid
 
 
 @functools.cache
+def ptx_dequant_for_arch(arch: str) -> bool:
+    """Whether the inline-PTX dequantization applies on `arch` (a normalised name, e.g. "sm_90" or "gfx1151"):
+    NVIDIA sm_90+, where the packed bf16x2 sub/mul exist; every other target runs the portable integer form."""
+    return arch.startswith("sm_") and int(arch[3:]) >= 90
+
+
 def ptx_dequant_for(device: torch.device) -> bool:
-    """Whether the inline-PTX dequantization applies: NVIDIA sm_90+ (packed bf16x2 sub/mul need sm_90)."""
+    """ptx_dequant_for_arch for a device: CPU (the interpreter) and ROCm never take the PTX form."""
     if device.type != "cuda" or getattr(torch.version, "hip", None):
         return False
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    from ..arch import normalize_arch
+
+    return ptx_dequant_for_arch(normalize_arch(torch.cuda.get_device_capability(device)))
 
 
 def launch_gemm(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileConfig,
