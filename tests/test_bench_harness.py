@@ -771,17 +771,22 @@ def test_pytest_benchmark_stores_device_clock_seconds(tmp_path):
     assert results.load_run(stored).records == results.load_run(own).records == run.records
 
 
-def test_e2e_table_is_stored_under_its_gpus_name(tmp_path, monkeypatch):
+@pytest.mark.parametrize("finite", [True, False])
+def test_e2e_table_is_stored_under_its_gpus_name_if_it_passed(tmp_path, monkeypatch, finite):
     from types import SimpleNamespace
 
     from w4a16.bench import e2e
 
-    monkeypatch.setattr(e2e, "run", lambda names, device, log: [SimpleNamespace(finite=True)])
+    monkeypatch.setattr(e2e, "run", lambda names, device, log: [SimpleNamespace(finite=finite)])
     monkeypatch.setattr(e2e, "format_table", lambda measured: "| table |")
     monkeypatch.setattr(e2e, "to_json", lambda measured: [])
     monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H100 80GB HBM3")
     (tmp_path / "out").mkdir()
-    assert cli._run_e2e(["llama3.1-8b"], tmp_path / "out", tmp_path / "sm_90", "stamp") == 0
+    assert cli._run_e2e(["llama3.1-8b"], tmp_path / "out", tmp_path / "sm_90", "stamp") == (0 if finite else 1)
+    assert (tmp_path / "out" / "e2e.md").is_file()  # the run's own output, stored or not
+    if not finite:  # a failed run leaves the stored table as it was
+        assert not (tmp_path / "sm_90").exists()
+        return
     stored = tmp_path / "sm_90" / "e2e-nvidia-h100-80gb-hbm3.md"
     assert "NVIDIA H100 80GB HBM3" in stored.read_text() and "| table |" in stored.read_text()
     assert (tmp_path / "sm_90" / "e2e-stamp.json").is_file() and not (tmp_path / "sm_90" / "e2e.md").exists()

@@ -315,13 +315,13 @@ def _run_e2e(names: list[str], out: Path, storage: Path | None, stamp: str) -> i
     payload = {"datetime": stamp, "device": device, "results": e2e.to_json(measured)}
     (out / "e2e.md").write_text(text)
     (out / f"e2e-{stamp}.json").write_text(json.dumps(payload, indent=2))
-    if storage is not None:
+    ok = all(r.finite for r in measured)
+    if not ok:
+        print("e2e: a model failed or gave non-finite logits (see above); nothing stored", file=sys.stderr)
+    elif storage is not None:  # --save stores a run that passed only
         storage.mkdir(parents=True, exist_ok=True)
         shutil.copy2(out / "e2e.md", storage / results.per_gpu_name("e2e.md", device))
         shutil.copy2(out / f"e2e-{stamp}.json", storage / f"e2e-{stamp}.json")
-    ok = all(r.finite for r in measured)
-    if not ok:
-        print("e2e: a model failed or gave non-finite logits (see above)", file=sys.stderr)
     return 0 if ok else 1
 
 
