@@ -27,9 +27,21 @@ def test_from_linear_matches_the_reference(group_size, symmetric, with_bias, dty
     module = W4A16Linear.from_linear(linear, group_size, symmetric)
     assert module.scales.dtype == dtype and module.symmetric == symmetric and module.group_size == group_size
     qw = module.quantized_weight()
-    assert torch.equal(qw.qweight, w4a16.quantize(linear.weight.detach(), group_size, symmetric).qweight)
+    expected = w4a16.quantize(linear.weight.detach(), group_size, symmetric)
+    assert torch.equal(qw.qweight, expected.qweight) and torch.equal(qw.scales, expected.scales)
+    assert (qw.zeros is None) == symmetric and (symmetric or torch.equal(qw.zeros, expected.zeros))
+    assert (module.bias is None) == (not with_bias) and (not with_bias or torch.equal(module.bias, linear.bias))
     x = torch.randn(2, 3, 256, generator=generator).to(dtype)
-    assert_matches_reference(module(x), x, qw, module.bias)
+    y = module(x)
+    assert_matches_reference(y, x, qw, module.bias)
+    # Against the float layer itself: round to nearest moves each weight by at most half its group's step, so
+    # |y - linear(x)| <= sum_k |x_k| * step_k / 2, plus the rounding of the 16-bit output and its inputs.
+    steps = qw.scales.double().abs().repeat_interleave(group_size, dim=1)
+    with torch.no_grad():
+        exact = linear.double()(x.double())
+    bound = x.double().abs() @ (steps / 2).t()
+    slack = 1e-2 * (x.double().abs() @ linear.weight.double().abs().t()) + 1e-2 * exact.abs() + 1e-6
+    assert ((y.double() - exact).abs() <= 1.01 * bound + slack).all()
 
 
 @pytest.mark.parametrize("symmetric", [True, False])

@@ -59,10 +59,16 @@ def tokens(seed: int, batch: int = 2, length: int = 7) -> torch.Tensor:
 @pytest.mark.parametrize(("family", "symmetric"), [("llama", True), ("qwen2", False), ("qwen3", True)])
 def test_quantize_model_replaces_linears_and_matches_the_dequantized_model(family, symmetric):
     model = tiny_model(family, seed=1)
-    linear_names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    originals = {n: copy.deepcopy(m) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     assert quantize_model(model, group_size=32, symmetric=symmetric) is model
     quantized = {n for n, m in model.named_modules() if isinstance(m, W4A16Linear)}
-    assert quantized == linear_names - {"lm_head"}
+    assert quantized == set(originals) - {"lm_head"}
+    for name in quantized:  # each layer holds its own weight, quantized, and its own bias
+        layer, original = model.get_submodule(name), originals[name]
+        torch.testing.assert_close(dequantize(layer.quantized_weight()),
+                                   dequantize(quantize(original.weight.detach(), 32, symmetric)), rtol=0, atol=0)
+        assert (layer.bias is None) == (original.bias is None)
+        assert layer.bias is None or torch.equal(layer.bias, original.bias), name
     assert isinstance(model.lm_head, nn.Linear) and isinstance(model.model.embed_tokens, nn.Embedding)
     assert all(model.get_submodule(n).symmetric == symmetric for n in quantized)
     ids = tokens(2)
