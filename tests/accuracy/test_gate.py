@@ -128,6 +128,23 @@ def test_a_kernel_that_diverges_far_more_often_than_the_control_fails():
     assert any("left the reference's on 25 samples the control kept, the control on 0" in f for f in v.failures)
 
 
+def test_a_degenerate_control_does_not_calibrate_the_greedy_rule():
+    """A control that leaves the reference on every sample would count no sample against the kernel (the sign test
+    counts only samples the control kept): below the floor the kernel fails instead of passing on p = 1."""
+    kernel, control = _leaving(range(0, 30)), _leaving(range(0, N))
+    assert greedy_divergence_p(score(0.5).greedy, kernel, control)[2] == 1.0
+    v = judge("t", "m", {"fp": score(0.5), "reference": score(0.5), "control": score(0.5, greedy=control),
+                         "kernel": score(0.5, greedy=kernel)}, RULES, 0.1)
+    assert not v.passed and any("the control, identical on 0.0%, is below 50% itself" in f for f in v.failures)
+    # At the floor the control calibrates as before.
+    kernel, control = _leaving(range(0, 90)), _leaving(range(N // 2, N))
+    v = judge("t", "m", {"fp": score(0.5), "reference": score(0.5), "control": score(0.5, greedy=control),
+                         "kernel": score(0.5, greedy=kernel)}, RULES, 0.1)
+    assert v.control_identical == 0.5
+    assert any("the kernel left the reference's on 50 samples the control kept, the control on 10" in f
+               for f in v.failures), v.failures
+
+
 def test_a_control_over_other_samples_is_a_failure_not_a_crash():
     short = Score(0.5, 0.05, N - 1, tuple(range(N - 1)))
     v = judge("t", "m", {"fp": score(0.5),

@@ -25,6 +25,9 @@ class GateRules:
     # Below min_identical_greedy, with a control run, the kernel fails when the chance that it leaves the
     # reference's greedy outputs this much more often than the control does is below this (gate.greedy_divergence_p).
     greedy_divergence_p: float = 0.01
+    # The control calibrates that rule only while it keeps the reference's greedy outputs on at least this share of
+    # the samples: one that leaves them everywhere (a broken float64 path) would count no sample against the kernel.
+    min_control_identical_greedy: float = 0.5
 
 
 @dataclass(frozen=True)

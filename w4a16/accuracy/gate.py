@@ -6,7 +6,9 @@ Rules (stated with their numbers in regression/gates.toml):
      weights and the prompts, so any larger difference is the kernel's. Below that agreement, where the control
      ran (the reference accumulated in float64: a more exact computation of the same model), the kernel passes
      unless it leaves the reference's greedy outputs on significantly more samples than the control does
-     (`greedy_divergence_p`): in bf16 two correct computations already disagree on many generations.
+     (`greedy_divergence_p`): in bf16 two correct computations already disagree on many generations. A control
+     identical to the reference on fewer than `min_control_identical_greedy` of the samples calibrates nothing:
+     then the kernel fails.
   2. quantized vs fp: fp - quantized <= tolerance (drops only), for the reference and the kernel columns.
      Without an fp score, the stored `expected` score stands in for it.
 A rule that cannot be applied fails the task too: without the reference or the kernel column there is no rule 1,
@@ -121,6 +123,12 @@ def judge(
                          f"below {rules.min_identical_greedy:.0%}")
                 if control is None:
                     verdict.failures.append(below + " (no control run to calibrate against)")
+                elif verdict.control_identical < rules.min_control_identical_greedy:
+                    verdict.failures.append(
+                        f"{below}, and the control, identical on {verdict.control_identical:.1%}, is below "
+                        f"{rules.min_control_identical_greedy:.0%} itself: too far from the reference to calibrate "
+                        "against"
+                    )
                 else:
                     kernel_only, control_only, p = greedy_divergence_p(ref.greedy, ker.greedy, control.greedy)
                     if p < rules.greedy_divergence_p:
