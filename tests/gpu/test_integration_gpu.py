@@ -139,6 +139,20 @@ def test_auto_routes_by_m_at_k_n_4096(dtype, calls):
     assert calls[0][0] == "skinny" and calls[ms.index(max_m + 1)][0] in ("triton", "dequant_blas")
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (a weight on cuda:1, cuda:0 current)")
+@pytest.mark.parametrize("backend", ["skinny", "triton", "dequant_blas"])
+def test_every_backend_runs_on_the_tensors_gpu_not_the_current_one(backend):
+    """A model split over GPUs calls its cuda:1 layers while cuda:0 is current: each backend must launch on x's
+    device (and its stream), whichever device is current."""
+    gen = torch.Generator().manual_seed(7)
+    qw = random_weight(1024, 2048, 64, False, torch.bfloat16, "cuda:1", gen)
+    x = random_activation(3 if backend == "skinny" else 70, 2048, torch.bfloat16, "cuda:1", gen)
+    with torch.cuda.device(0):
+        y = w4a16.gemm(x, qw, backend=backend)
+    assert y.device == x.device
+    assert_matches_reference(y, x, qw)
+
+
 def test_auto_at_the_staging_limit_and_one_past_it(calls):
     r = dispatch.rules(w4a16.arch())
     m = r.skinny_max_m

@@ -7,6 +7,7 @@ kernel modules are first imported (triton.jit reads it at decoration time).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -108,6 +109,12 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     return (x2d if x2d.stride(1) == 1 else x2d.contiguous()), bias
 
 
+def _on(device: torch.device):
+    """Makes `device` current for a launch: Triton launches on the current device and its stream, not on that of
+    the tensors (a model split over GPUs calls layers on cuda:1 while cuda:0 is current)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 @functools.cache
 def table_arch(device: torch.device) -> str:
     """The tile table's arch for `device` (the interpreter on CPU uses the generic table)."""
@@ -124,7 +131,8 @@ def triton_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
     if m == 0:
         return x2d.new_empty((0, qw.n))
     config = select_config(table_arch(x2d.device), m, qw.n, qw.k, qw.group_size)
-    return _kernel_module().launch_gemm(x2d, qw, bias, config)
+    with _on(x2d.device):
+        return _kernel_module().launch_gemm(x2d, qw, bias, config)
 
 
 def dequant_blas_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,7 +144,8 @@ def dequant_blas_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor
     x2d, bias = _validate(x2d, qw, bias, "dequant_blas")
     if x2d.shape[0] == 0:
         return x2d.new_empty((0, qw.n))
-    return launch_dequant_blas(x2d, qw, bias)
+    with _on(x2d.device):
+        return launch_dequant_blas(x2d, qw, bias)
 
 
 __all__ = ["dequant_blas_gemm", "index_limit_reason", "triton_gemm", "unavailable_reason"]
