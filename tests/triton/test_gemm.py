@@ -97,6 +97,29 @@ def test_split_k_with_an_empty_split(dtype, generator, monkeypatch):
     assert_matches_reference(out, x, qw, bias)
 
 
+def test_offsets_past_32_bits_drop_the_split_and_the_row_stride(generator, monkeypatch):
+    """The kernels index the split-K slices [split, M, N] and x's rows (row * stride) in 32 bits, beyond the
+    M * K, M * N and N * K that index_limit_reason bounds: triton_gemm must run such a call unsplit and on a
+    contiguous copy of x. The 32-bit limit is lowered here so that small shapes reach it."""
+    import w4a16.triton as triton_route
+    from w4a16.triton import configs, gemm_kernel
+
+    m, n, k = 64, 40, 256  # M * K = 16384, N * K = 10240, M * N = 2560: within the lowered limit
+    monkeypatch.setattr(triton_route, "_INT32_MAX", m * k)
+    monkeypatch.setattr(configs, "select_config", lambda *args: TileConfig(32, 64, 64, 4, 2, 8, False))
+    launched = []
+    launch = gemm_kernel.launch_gemm
+    monkeypatch.setattr(gemm_kernel, "launch_gemm",
+                        lambda x2d, qw, bias, config: launched.append((x2d, config)) or launch(x2d, qw, bias, config))
+    qw = random_weight(n, k, 64, False, torch.float16, DEVICE, generator)
+    rows = random_activation(m, 4 * k, torch.float16, DEVICE, generator)
+    x = rows[:, :k]  # row stride 4K: (M - 1) * 4K + K = 64768 past the limit
+    assert_matches_reference(triton_gemm(x, qw), x, qw)
+    (x2d, config), = launched
+    assert config.split_k == 1, "8 splits x M x N = 20480 is past the limit"
+    assert x2d.is_contiguous()
+
+
 _torch_empty = torch.empty
 
 

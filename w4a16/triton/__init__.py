@@ -8,6 +8,7 @@ kernel modules are first imported (triton.jit reads it at decoration time).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import torch
@@ -106,7 +107,9 @@ def _validate(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         raise RuntimeError(f"{name}: {reason}")
     if bias is not None:
         bias = bias.contiguous()
-    return (x2d if x2d.stride(1) == 1 else x2d.contiguous()), bias
+    # The kernels index x as row * stride + column in 32 bits: a row stride past K may overflow where M * K did not.
+    strided_past_int32 = m > 1 and (m - 1) * x2d.stride(0) + k > _INT32_MAX
+    return (x2d if x2d.stride(1) == 1 and not strided_past_int32 else x2d.contiguous()), bias
 
 
 def _on(device: torch.device):
@@ -131,6 +134,8 @@ def triton_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
     if m == 0:
         return x2d.new_empty((0, qw.n))
     config = select_config(table_arch(x2d.device), m, qw.n, qw.k, qw.group_size)
+    if config.split_k * m * qw.n > _INT32_MAX:  # the split-K slices, [split, M, N], are indexed in 32 bits too
+        config = dataclasses.replace(config, split_k=1)
     with _on(x2d.device):
         return _kernel_module().launch_gemm(x2d, qw, bias, config)
 
