@@ -253,6 +253,29 @@ def test_cuda_graph_capture_of_the_op(calls):
     assert {b for b, _, _, _ in calls} == {"skinny"}, calls
 
 
+@pytest.mark.parametrize("m", [16, 64])
+def test_cuda_graph_capture_of_the_triton_route(m, calls):
+    """The Triton route allocates its split-K slices per call and builds its TMA descriptors at launch: a captured
+    call must replay on new x, on the stream it was captured on."""
+    gen = torch.Generator().manual_seed(m)
+    qw = random_weight(1024, 2048, 128, False, torch.bfloat16, "cuda", gen)
+    static_x = random_activation(m, 2048, torch.bfloat16, "cuda", gen)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile outside the capture
+        w4a16.gemm(static_x, qw, backend="triton")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = w4a16.gemm(static_x, qw, backend="triton")
+    for seed in range(3):
+        static_x.copy_(random_activation(m, 2048, torch.bfloat16, "cuda", torch.Generator().manual_seed(100 + seed)))
+        static_y.fill_(float("nan"))
+        graph.replay()
+        assert_matches_reference(static_y, static_x, qw)
+    assert {b for b, _, _, _ in calls} == {"triton"}, calls
+
+
 def test_a_captured_dequant_blas_call_survives_the_shared_workspace_growing():
     """The shared workspace grows (and frees its old buffer) when a larger weight comes: a graph captured before
     must not be writing to that old address (dequant_blas takes a buffer of the graph's pool while capturing)."""

@@ -153,6 +153,57 @@ def test_wgmma_kernel(shape, config, symmetric, dtype, generator):
     assert_matches_reference(out, x, qw, bias)
 
 
+# K no larger than one 128-wide K tile: a single partial tile, weight rows of 16 or 32 bytes for TMA, and most of a
+# lane's groups masked in the natural form.
+SMALL_K = [(5, 72, 32, 32), (70, 200, 64, 64), (70, 200, 64, 32), (130, 130, 128, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("shape", SMALL_K, ids=[f"M{m}N{n}K{k}g{g}" for m, n, k, g in SMALL_K])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_every_form_with_k_within_one_k_tile(shape, symmetric, generator):
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k, group_size = shape
+    qw = random_weight(n, k, group_size, symmetric, torch.bfloat16, "cuda", generator)
+    x = random_activation(m, k, torch.bfloat16, "cuda", generator)
+    bias = torch.randn(n, generator=generator).to(dtype=torch.bfloat16, device="cuda")
+    for config in CONFIGS + CONFIGS_PRODUCER + CONFIGS_NATURAL:
+        out = launch_gemm(x, qw, bias, config, out=torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda"))
+        assert_matches_reference(out, x, qw, bias)
+
+
+_torch_empty = torch.empty
+
+
+def _nan_empty(*size, **kwargs):
+    tensor = _torch_empty(*size, **kwargs)
+    return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+@pytest.mark.parametrize(("shape", "config"), [
+    ((64, 4096, 640, 128), TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 4, kernel="wgmma")),
+    ((100, 600, 1280, 128), TileConfig(128, 64, WGMMA_BLOCK_K, 4, 4, 8, kernel="wgmma", producer=True)),
+    ((100, 600, 1280, 128), TileConfig(128, 64, WGMMA_BLOCK_K, 4, 4, 6, kernel="wgmma", producer=True,
+                                       x_natural=True)),
+], ids=["plain-split4", "producer-split8", "natural-split6"])
+def test_empty_splits_write_their_slice_of_a_nan_workspace(shape, config, generator, monkeypatch):
+    """Splits whose K range is empty (5 K tiles over 4 splits; 10 over 8) must still write zeros into the split-K
+    slices, which are not initialised: the allocator hands them out as NaN here."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k, group_size = shape
+    qw = random_weight(n, k, group_size, False, torch.bfloat16, "cuda", generator)
+    x = random_activation(m, k, torch.bfloat16, "cuda", generator)
+    bias = torch.randn(n, generator=generator).to(dtype=torch.bfloat16, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
+    monkeypatch.setattr(torch, "empty", _nan_empty)
+    assert_matches_reference(launch_gemm(x, qw, bias, config, out=out), x, qw, bias)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("config", [
