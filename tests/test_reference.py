@@ -31,13 +31,24 @@ def test_reference_gemm_matches_float64(symmetric, group_size, with_bias, genera
                                rtol=1e-5, atol=1e-5)
 
 
+def _assert_rounded_once(y: torch.Tensor, exact: torch.Tensor, x: torch.Tensor, w_abs: torch.Tensor) -> None:
+    """y is exact (float64) rounded once to y's dtype, after an fp32 accumulation: within half an ulp of y, plus
+    fp32's accumulation error bound (K * 2^-24 of sum |x| |w|). A reference that rounded the weight or the
+    products to 16 bits is off by far more."""
+    half_ulp = (torch.nextafter(y.abs(), torch.tensor(float("inf"), dtype=y.dtype)) - y.abs()).double() / 2
+    accumulation = x.shape[-1] * 2.0**-24 * (x.double().abs() @ w_abs.t())
+    err = (y.double() - exact).abs()
+    assert (err <= half_ulp + accumulation).all(), (err - half_ulp - accumulation).max()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_reference_gemm_returns_the_activation_dtype(dtype, generator):
-    qw = random_weight(16, 128, 128, True, dtype, generator=generator)
-    x = torch.randn(2, 128, generator=generator).to(dtype)
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_reference_gemm_returns_the_activation_dtype_rounded_once(dtype, symmetric, generator):
+    qw = random_weight(16, 512, 128, symmetric, dtype, generator=generator)
+    x = torch.randn(2, qw.k, generator=generator).to(dtype)
     y = w4a16.reference_gemm(x, qw)
     assert y.dtype == dtype
-    torch.testing.assert_close(y.double(), _float64_gemm(x, qw, None), rtol=2**-7, atol=1e-2)
+    _assert_rounded_once(y, _float64_gemm(x, qw, None), x, w4a16.dequantize(qw, torch.float64).abs())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -49,7 +60,7 @@ def test_float64_accumulation_is_the_more_exact_reference(dtype, generator):
     exact = _float64_gemm(x, qw, None)
     y64 = w4a16.reference_gemm(x, qw, accumulate=torch.float64)
     assert y64.dtype == dtype and torch.equal(y64, exact.to(dtype))
-    torch.testing.assert_close(w4a16.reference_gemm(x, qw).double(), exact, rtol=2**-7, atol=1e-2)
+    _assert_rounded_once(w4a16.reference_gemm(x, qw), exact, x, w4a16.dequantize(qw, torch.float64).abs())
     with pytest.raises(ValueError, match="accumulate must be torch.float32 or torch.float64"):
         w4a16.reference_gemm(x, qw, accumulate=torch.float16)
 
@@ -76,3 +87,16 @@ def test_reference_gemm_rejects_bad_input(make_args, error, match):
     qw = random_weight(16, 128, 128, True, torch.float32)
     with pytest.raises(error, match=match):
         w4a16.reference_gemm(*make_args(qw))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_random_weight_puts_every_value_in_play(symmetric, generator):
+    """Every kernel test draws its weights here: a kernel that ignores zero points, or reads one group's scale for
+    all, passes on data whose zero points are all 8 or whose scales are all equal. Pin the spread."""
+    qw = random_weight(64, 512, 32, symmetric, torch.float16, generator=generator)
+    assert set(w4a16.unpack_int4(qw.qweight).unique().tolist()) == set(range(16))
+    assert (qw.scales.double().std(dim=1) > 0).all(), "scales vary within every row"
+    assert (qw.scales > 0).all()
+    if not symmetric:
+        assert set(qw.zeros.unique().tolist()) == set(range(16))
+        assert (qw.zeros.double().std(dim=1) > 0).all(), "zero points vary within every row"

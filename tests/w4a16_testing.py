@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 import os
 
 import pytest
@@ -13,8 +14,10 @@ from w4a16.reference import dequantize
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
-# Relative floor per activation dtype: one unit in the last place, relative to the largest output.
-RELATIVE_FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-20}
+# Relative floor per activation dtype: an eighth of a unit in the last place, relative to the largest output. It
+# only covers a torch matmul that happens to round almost exactly: a whole ulp here let a kernel that kept its
+# accumulator in 16 bits between K tiles pass every CPU case.
+RELATIVE_FLOOR = {torch.float16: 2.0**-13, torch.bfloat16: 2.0**-10, torch.float32: 2.0**-23}
 # The rule of DESIGN.md: the kernel may be at most this many times worse than torch's own matmul in the
 # activation dtype on the same dequantized weights (both measured against the fp32 reference).
 TORCH_ERROR_FACTOR = 2.0
@@ -66,9 +69,12 @@ def assert_matches_reference(out: torch.Tensor, x: torch.Tensor, qw: w4a16.Quant
     w = dequantize(qw, x.dtype)
     plain = x @ w.t() if bias is None else x @ w.t() + bias.to(x.dtype)
     plain_err = (plain.to(torch.float32) - ref).abs().max().item() if ref.numel() else 0.0
+    assert math.isfinite(plain_err), (
+        f"torch's {x.dtype} matmul overflows on this case (largest reference output {ref.abs().max().item():.3g}): "
+        "the case is outside the dtype's range and proves nothing")
     bound = TORCH_ERROR_FACTOR * plain_err + RELATIVE_FLOOR[x.dtype] * ref.abs().max().item()
     err = (out.to(torch.float32) - ref).abs()
-    bad = ~(err <= bound)  # NaN/inf compare false and are counted as bad
+    bad = ~(err <= bound) | ~torch.isfinite(out)  # NaN compares false; inf never passes either
     if bad.any():
         idx = bad.nonzero()[:5].tolist()
         raise AssertionError(
