@@ -53,6 +53,16 @@ def random_weight(n: int, k: int, group_size: int, symmetric: bool, dtype: torch
     return w4a16.QuantizedWeight(w4a16.pack_int4(q), scales, zeros, group_size).to(device)
 
 
+_torch_empty = torch.empty
+
+
+def nan_empty(*size, **kwargs) -> torch.Tensor:
+    """torch.empty whose floating-point results are NaN: monkeypatched over torch.empty, it shows a kernel that
+    reads a workspace it was meant to write first (whatever the allocator would have reused)."""
+    tensor = _torch_empty(*size, **kwargs)
+    return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+
 def random_activation(m: int, k: int, dtype: torch.dtype, device="cpu",
                       generator: torch.Generator | None = None) -> torch.Tensor:
     return torch.randn(m, k, generator=generator).to(dtype=dtype, device=device)

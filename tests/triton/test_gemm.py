@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 import torch
-from w4a16_testing import assert_matches_reference, random_activation, random_weight, require_tool
+from w4a16_testing import assert_matches_reference, nan_empty, random_activation, random_weight, require_tool
 
 import w4a16
 from w4a16.triton import dequant_blas_gemm, triton_gemm, unavailable_reason
@@ -92,7 +92,7 @@ def test_split_k_with_an_empty_split(dtype, generator, monkeypatch):
     qw = random_weight(n, k, 32, False, dtype, DEVICE, generator)
     x = random_activation(m, k, dtype, DEVICE, generator)
     bias = _bias(n, dtype, generator)
-    monkeypatch.setattr(torch, "empty", _nan_empty)  # the workspace starts as NaN, whatever the allocator reuses
+    monkeypatch.setattr(torch, "empty", nan_empty)  # the workspace starts as NaN, whatever the allocator reuses
     out = launch_gemm(x, qw, bias, TileConfig(16, 32, 32, 4, 1, 3, True), out=_poisoned(m, n, dtype))
     assert_matches_reference(out, x, qw, bias)
 
@@ -118,14 +118,6 @@ def test_offsets_past_32_bits_drop_the_split_and_the_row_stride(generator, monke
     (x2d, config), = launched
     assert config.split_k == 1, "8 splits x M x N = 20480 is past the limit"
     assert x2d.is_contiguous()
-
-
-_torch_empty = torch.empty
-
-
-def _nan_empty(*size, **kwargs):
-    tensor = _torch_empty(*size, **kwargs)
-    return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
 
 
 def test_a_config_whose_block_k_does_not_divide_the_group_is_refused(generator):

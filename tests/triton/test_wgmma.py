@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 import torch
-from w4a16_testing import assert_matches_reference, random_activation, random_weight
+from w4a16_testing import assert_matches_reference, nan_empty, random_activation, random_weight
 
 import w4a16
 from w4a16.triton.configs import WGMMA_BLOCK_K, TileConfig, load_table
@@ -174,14 +174,6 @@ def test_every_form_with_k_within_one_k_tile(shape, symmetric, generator):
         assert_matches_reference(out, x, qw, bias)
 
 
-_torch_empty = torch.empty
-
-
-def _nan_empty(*size, **kwargs):
-    tensor = _torch_empty(*size, **kwargs)
-    return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
 @pytest.mark.parametrize(("shape", "config"), [
@@ -200,7 +192,7 @@ def test_empty_splits_write_their_slice_of_a_nan_workspace(shape, config, genera
     x = random_activation(m, k, torch.bfloat16, "cuda", generator)
     bias = torch.randn(n, generator=generator).to(dtype=torch.bfloat16, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda")
-    monkeypatch.setattr(torch, "empty", _nan_empty)
+    monkeypatch.setattr(torch, "empty", nan_empty)
     assert_matches_reference(launch_gemm(x, qw, bias, config, out=out), x, qw, bias)
 
 
