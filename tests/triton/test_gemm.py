@@ -82,6 +82,19 @@ def test_the_portable_dequantization_on_the_gpu(group_size, dtype, generator):
         assert_matches_reference(out, x, qw, bias)
 
 
+@pytest.mark.parametrize("w_left", [True, False], ids=["weight-left", "x-left"])
+def test_a_long_k_in_narrow_k_tiles_keeps_an_fp32_accumulator(w_left, generator):
+    """128 K tiles of 32: an accumulator rounded to 16 bits between tiles drifts by several ulp over them, which
+    the tolerance rule sees at this length whatever its floor."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k = 3, 32, 4096
+    qw = random_weight(n, k, 32, False, torch.float16, DEVICE, generator)
+    x = random_activation(m, k, torch.float16, DEVICE, generator)
+    out = launch_gemm(x, qw, None, TileConfig(16, 32, 32, 4, 1, 1, w_left), out=_poisoned(m, n, torch.float16))
+    assert_matches_reference(out, x, qw)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_k_with_an_empty_split(dtype, generator, monkeypatch):
     """K = 128 in BLOCK_K = 32 tiles over 3 splits is 2 + 2 + 0 tiles: the empty split must still write its slice
