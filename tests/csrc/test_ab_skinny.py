@@ -57,7 +57,7 @@ def test_table_gives_ratios_checksum_changes_and_failures():
 def test_split_define_reads_a_build_flag_suffix():
     assert ab.split_define(".+TIME_SKINNY_TMA") == (".", ["-DTIME_SKINNY_TMA"])
     assert ab.split_define("HEAD~2+TIME_SKINNY_TMA") == ("HEAD~2", ["-DTIME_SKINNY_TMA"])
-    assert ab.split_define("tests/csrc/variants/l2-256B.patch") == ("tests/csrc/variants/l2-256B.patch", [])
+    assert ab.split_define("tests/csrc/variants/bound-no-meta-loads.patch") == ("tests/csrc/variants/bound-no-meta-loads.patch", [])
     assert ab.split_define("old+dir/") == ("old+dir/", [])  # a "+" in a path is not a flag
     assert ab.split_define(".+TIME_SKINNY_TMA+NO_MMA") == (".", ["-DTIME_SKINNY_TMA", "-DNO_MMA"])
     assert ab.split_define("old+dir/+A") == ("old+dir/", ["-DA"])
