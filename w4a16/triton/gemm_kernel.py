@@ -130,13 +130,13 @@ def reduce_splits_kernel(ws_ptr, bias_ptr, out_ptr, M, N, stride_om, split_strid
     tl.store(out_ptr + (offs // N) * stride_om + col, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.cache
 def ptx_dequant_for_arch(arch: str) -> bool:
     """Whether the inline-PTX dequantization applies on `arch` (a normalised name, e.g. "sm_90" or "gfx1151"):
     NVIDIA sm_90+, where the packed bf16x2 sub/mul exist; every other target runs the portable integer form."""
     return arch.startswith("sm_") and int(arch[3:]) >= 90
 
 
+@functools.cache  # asked on every launch
 def ptx_dequant_for(device: torch.device) -> bool:
     """ptx_dequant_for_arch for a device: CPU (the interpreter) and ROCm never take the PTX form."""
     if device.type != "cuda" or getattr(torch.version, "hip", None):
