@@ -1,6 +1,6 @@
 import pytest
 import torch
-from w4a16_testing import random_weight
+from w4a16_testing import full_precision_reductions, random_weight
 
 import w4a16
 from w4a16.layout import GROUP_SIZES
@@ -100,3 +100,15 @@ def test_random_weight_puts_every_value_in_play(symmetric, generator):
     if not symmetric:
         assert set(qw.zeros.unique().tolist()) == set(range(16))
         assert (qw.zeros.double().std(dim=1) > 0).all(), "zero points vary within every row"
+
+
+def test_the_tolerance_rule_times_torch_with_fp32_reductions():
+    """The rule's plain matmul must be torch at its most exact: with 16-bit split-K reductions allowed (cuBLAS's
+    default) its error, and so the kernel's bound, grows. The flags come back afterwards, also on an error."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction
+    with pytest.raises(RuntimeError, match="inside"), full_precision_reductions():
+        assert not matmul.allow_fp16_reduced_precision_reduction
+        assert not matmul.allow_bf16_reduced_precision_reduction
+        raise RuntimeError("inside")
+    assert (matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction) == saved
