@@ -3,8 +3,9 @@
 symmetric (uint4b8):  s = max|w| / 7.5,            q = clamp(round(w / s) + 8, 0, 15)
 asymmetric (uint4):   s = (max(w, 0) - min(w, 0)) / 15, z = clamp(round(-min(w, 0) / s), 0, 15),
                       q = clamp(round(w / s) + z, 0, 15)
-The range includes 0 so that z lands in 0..15; q is computed from the scale as stored (rounded to its
-dtype), so dequantize() reproduces exactly what was rounded against.
+The range includes 0 so that z lands in 0..15. s is rounded up to its dtype, never down: a smaller s would put
+the group's extreme values past the code range, where the clamp costs more than half a step. q is computed from the
+scale as stored, so dequantize() reproduces exactly what was rounded against, within half a step of w.
 """
 
 from __future__ import annotations
@@ -12,6 +13,17 @@ from __future__ import annotations
 import torch
 
 from .layout import SYMMETRIC_ZERO, QuantizedWeight, check_group_size, check_symmetric, pack_int4
+
+
+def _rounded_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The smallest `dtype` value >= each non-negative float32 scale. A positive scale below the dtype's smallest
+    subnormal becomes that subnormal, not 0."""
+    stored = scale.to(dtype)
+    if dtype == torch.float32:
+        return stored
+    # For a non-negative finite 16-bit float the next value up is the next bit pattern.
+    next_up = (stored.view(torch.int16) + 1).view(dtype)
+    return torch.where(stored.to(torch.float32) < scale, next_up, stored)
 
 
 def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> QuantizedWeight:
@@ -37,9 +49,8 @@ def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> 
         lo = groups.amin(dim=-1).clamp(max=0)
         hi = groups.amax(dim=-1).clamp(min=0)
         scale = hi / 15 - lo / 15  # not (hi - lo) / 15: hi - lo can overflow float32
-    # A group whose scale is 0 in the stored dtype (all zeros, or so small that it underflows there) gets scale 1:
-    # its values round to q == z, which dequantizes to 0. Checked after the cast, so that no division by 0 follows.
-    scale = scale.to(scale_dtype)
+    # An all-zero group (scale 0) gets scale 1: its values round to q == z, which dequantizes to 0.
+    scale = _rounded_up(scale, scale_dtype)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     stored = scale.to(torch.float32).unsqueeze(-1)
     if symmetric:
