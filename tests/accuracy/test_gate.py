@@ -179,3 +179,12 @@ def test_a_rule_that_cannot_be_applied_fails():
     no_fp = judge("t", "m", {"reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1)
     assert no_fp.failures == ["not gated against the fp model: no fp score and no stored expected score"]
     assert judge("t", "m", {"reference": score(0.6), "kernel": score(0.6)}, RULES, 0.1, expected=0.6).passed
+
+
+def test_a_score_over_fewer_samples_than_asked_for_fails():
+    """The 1/n floor and the tolerances are set for the task's sample count: a dataset or an lm-eval run that
+    scored fewer (for the same count in every column, so rule 1 alone would not see it) must not pass."""
+    scores = {"fp": score(0.6), "reference": score(0.6), "kernel": score(0.6)}
+    assert judge("t", "m", scores, RULES, 0.1, samples=N).passed
+    v = judge("t", "m", scores, RULES, 0.1, samples=N + 1)
+    assert v.failures == [f"scored fewer samples than the {N + 1} asked for: fp {N}, reference {N}, kernel {N}"]

@@ -13,6 +13,7 @@ Rules (stated with their numbers in regression/gates.toml):
      Without an fp score, the stored `expected` score stands in for it.
 A rule that cannot be applied fails the task too: without the reference or the kernel column there is no rule 1,
 and without an fp score or an `expected` one no rule 2. A run of some columns only is a measurement, not a pass.
+So does a score over fewer samples than were asked for: the rules' floors and tolerances assume that count.
 """
 
 from __future__ import annotations
@@ -83,9 +84,10 @@ def judge(
     rules: GateRules,
     tolerance: float,
     expected: float | None = None,
+    samples: int | None = None,
 ) -> Verdict:
     """Apply both rules to one task's scores ({"fp", "reference", "control", "kernel"} -> Score or None if not
-    run)."""
+    run). `samples`: how many samples each score was asked to cover; a score over fewer fails."""
     unknown = set(scores) - set(VARIANTS)
     if unknown:
         raise ValueError(f"scores has unknown variant(s) {sorted(unknown)}; expected some of {VARIANTS}")
@@ -98,6 +100,10 @@ def judge(
         verdict.failures.append(f"not a finite score or stderr: {', '.join(broken)}")
         return verdict
 
+    short = [f"{v} {score.n}" for v, score in verdict.scores.items() if score is not None and samples is not None
+             and score.n < samples]
+    if short:
+        verdict.failures.append(f"scored fewer samples than the {samples} asked for: {', '.join(short)}")
     missing = [v for v, score in (("reference", ref), ("kernel", ker)) if score is None]
     if missing:
         verdict.failures.append(f"not gated: no {' and no '.join(missing)} column (rule 1 compares the two)")
