@@ -69,6 +69,30 @@ def test_gptq_bits(seed, n_words, k_groups, group_size, symmetric):
 
 @settings(max_examples=200, deadline=None)
 @given(**cases)
+def test_gptq_v2_bits(seed, n_words, k_groups, group_size, symmetric):
+    # GPTQModel's v2 stores z itself: zero point 0 included, stored 15 is z = 15.
+    q, zeros, scales = _case(seed, n_words, k_groups, group_size, symmetric, min_zero=0)
+    z = torch.full_like(scales, 8, dtype=torch.int64) if zeros is None else zeros
+    qweight = _pack_words(q, list(range(8))).t().contiguous()
+    qzeros = _pack_words(z.t(), list(range(8)))
+    qw = formats.from_gptq(qweight, qzeros, scales.t().contiguous(), group_size, checkpoint_format="gptq_v2")
+    assert torch.equal(w4a16.unpack_int4(qw.qweight).long(), q)
+    assert torch.equal(qw.zero_points().long(), z)
+    back = formats.to_gptq(qw, checkpoint_format="gptq_v2")
+    assert torch.equal(back["qweight"], qweight) and torch.equal(back["qzeros"], qzeros)
+
+
+def test_gptq_v1_and_v2_read_the_same_qzeros_one_apart():
+    qweight = torch.zeros(16, 16, dtype=torch.int32)
+    qzeros = torch.full((2, 2), 0x76543210, dtype=torch.int32)  # stored 0..7 along N
+    scales = torch.ones(2, 16).half()
+    v1 = formats.from_gptq(qweight, qzeros, scales, 64).zero_points()
+    v2 = formats.from_gptq(qweight, qzeros, scales, 64, checkpoint_format="gptq_v2").zero_points()
+    assert torch.equal(v2[:8, 0].long(), torch.arange(8)) and torch.equal(v1.long(), v2.long() + 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(**cases)
 def test_compressed_tensors_bits(seed, n_words, k_groups, group_size, symmetric):
     q, zeros, scales = _case(seed, n_words, k_groups, group_size, symmetric)
     packed = _pack_words(q, list(range(8)))  # [N, K // 8], sequential along K
@@ -142,6 +166,12 @@ def _awq_parts(k=128, n=16, g=64):
         (lambda: formats.to_gptq(w4a16.QuantizedWeight(torch.zeros(8, 16, dtype=torch.int32), torch.ones(8, 1).half(),
                                                        torch.zeros(8, 1, dtype=torch.int32), 128)),
          ValueError, "zero point 0 cannot be represented"),
+        (lambda: formats.from_gptq(torch.zeros(16, 16, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32),
+                                   torch.ones(2, 16).half(), 64, checkpoint_format="gptq_v3"),
+         ValueError, r"checkpoint_format must be one of \['gptq', 'gptq_v2'\], got 'gptq_v3'"),
+        (lambda: formats.to_gptq(w4a16.QuantizedWeight(torch.zeros(8, 16, dtype=torch.int32), torch.ones(8, 1).half(),
+                                                       None, 128), checkpoint_format="v2"),
+         ValueError, "checkpoint_format must be one of"),
     ],
 )
 def test_converters_reject_bad_input(call, error, match):

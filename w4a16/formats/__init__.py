@@ -2,8 +2,9 @@
 
     AWQ (AutoAWQ GEMM)       qweight [K, N // 8] packed along N, shuffle order; qzeros [K // G, N // 8]
                              likewise (raw zero points); scales [K // G, N].
-    GPTQ (AutoGPTQ v1)       qweight [K // 8, N] packed along K, sequential order; qzeros [K // G, N // 8]
-                             packed along N, sequential, stored as z - 1; scales [K // G, N].
+    GPTQ (AutoGPTQ v1,       qweight [K // 8, N] packed along K, sequential order; qzeros [K // G, N // 8]
+    GPTQModel v2)            packed along N, sequential, stored as z - 1 (v1, "gptq") or z (v2, "gptq_v2");
+                             scales [K // G, N].
     compressed-tensors       weight_packed [N, K // 8] packed along K, sequential, values signed + 8;
     (pack-quantized)         weight_scale [N, K // G]; weight_zero_point [N // 8, K // G] packed along N,
                              sequential, signed + 8; weight_shape [N, K].
