@@ -329,6 +329,37 @@ def test_save_stores_only_a_run_that_passed_its_comparison(tmp_path, monkeypatch
     assert (storage / "tables-nvidia-h200.md").is_file() == saved and not (storage / "tables.md").exists()
 
 
+def test_compare_bounds_the_drift_of_a_chain_of_passing_saves(tmp_path, monkeypatch):
+    """Each passing --compare --save becomes the next baseline: 9% slower per round would pass forever against the
+    newest alone. Against every run of the chain, ours as a whole must stay within the threshold."""
+    import argparse
+
+    storage = tmp_path / "sm_90"
+    quick = [b for b in BASE if b["extra_info"]["M"] == 1]
+    _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", quick)
+    monkeypatch.setattr(cli, "_selected", lambda set_name, models: catalogue.cases("quick")[:1])
+
+    def round_at(factor, compare="newest"):
+        _fake_bench_run(monkeypatch, _scaled(quick, factor, catalogue.OURS))
+        args = argparse.Namespace(set="quick", save=True, compare=compare, pytest_args=[], inject_slowdown=False)
+        status = cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp")
+        return status, results.newest_baseline(storage, "quick", gpu="NVIDIA H200").name
+
+    assert round_at(1.09) == (0, "0002_quick.json")
+    assert results.baseline_chain(storage, "quick", "NVIDIA H200")[0].name == "0001_quick.json"
+    # 9% over 0002, the newest: each case passes, but ours are 19% over 0001, where the chain starts
+    assert round_at(1.09**2) == (1, "0002_quick.json")
+    report = (tmp_path / "out" / "compare.txt").read_text()
+    assert "REGRESSED" not in report and "compare: FAIL" in report
+    assert ("DRIFTED: ours' geometric mean relative to the anchor against the 2 stored run(s) since 0001_quick.json, "
+            "the last one stored without a passing comparison: worst 1.188 (0001_quick.json)") in report
+    # A plain --save (no comparison) is the deliberate new baseline: the chain starts again there.
+    assert round_at(1.09**2, compare=None) == (0, "0003_quick.json")
+    assert round_at(1.09**2 * 1.05) == (0, "0004_quick.json")
+    assert [p.name for p in results.baseline_chain(storage, "quick", "NVIDIA H200")] == [
+        "0003_quick.json", "0004_quick.json"]
+
+
 @pytest.mark.parametrize("again_factors, status", [((1.0,), 0), ((1.5, 1.02), 0), ((1.5, 1.5), 1)])
 def test_a_regression_must_reproduce_when_measured_again(tmp_path, monkeypatch, again_factors, status):
     import argparse

@@ -6,7 +6,9 @@
                                                when every benchmark passed and any --compare passed)
     python -m w4a16.bench --compare            fail (exit 1) when one of our medians, relative to the same run's
                                                torch matmul, is slower than in the newest stored baseline of this
-                                               set, arch and GPU by more than --threshold (10%)
+                                               set, arch and GPU by more than --threshold (10%), or when
+                                               ours as a whole (geometric mean) drifted that far from any run
+                                               of that baseline's chain of passing comparisons
     python -m w4a16.bench --e2e                the end-to-end TTFT / TPOT table instead of the kernel benchmarks
 
 The kernel benchmarks are pytest-benchmark tests (tests/bench/test_kernels.py) run in a child pytest whose
@@ -201,6 +203,9 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
             again_lines += results.keep_better(json_path, again, base_run, threshold, shapes)
             current = results.load_run(json_path)
             comparison = results.compare(current, base_run, threshold, expected=expected)
+        if args.compare == "newest":
+            comparison.chain = [(run.name, results.compare(current, results.load_run(run), threshold).relative_mean())
+                                for run in results.baseline_chain(storage, set_name, gpu)]
         report = comparison.report()
         if again_lines:
             report = ("measured again (per shape the better measurement is kept, and stored):\n"
@@ -230,6 +235,8 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
         # Stored only now, after the run and the comparison: a failed or regressed run must not become the
         # baseline that the next --compare measures against.
         if status == 0:
+            if args.compare == "newest":  # a link of the baseline's chain (results.baseline_chain)
+                results.mark_compared(json_path, baseline)
             stored = results.store_run(json_path, storage, set_name)
             for path in [out / "tables.md", *plots]:
                 shutil.copy2(path, storage / results.per_gpu_name(path.name, device))

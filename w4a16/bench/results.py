@@ -13,6 +13,12 @@ The comparison fails as well when a case of ours that the baseline has and this 
 measured (a kernel that now refuses or skips), when a case of ours was measured that the baseline lacks (nothing
 gates it: store a new baseline), when nothing of ours was compared at all, and when the two runs come from
 different GPUs (one arch, e.g. sm_90, holds several).
+
+Comparing with the newest baseline alone would ratchet: each passing run becomes the next baseline, so 9% per
+round passes round after round. A run stored after a passing --compare records the baseline it passed against
+(`compared_with` in its machine info); the stored runs of this GPU back to the newest one stored without a passing
+comparison (a deliberate new baseline) form its chain, and against every run of the chain the geometric mean of
+ours, relative to the anchor, must stay within the threshold too.
 """
 
 from __future__ import annotations
@@ -230,6 +236,30 @@ def newest_baseline(storage: str | Path, set_name: str | None = None, gpu: str |
     return runs[-1] if runs else None
 
 
+COMPARED_WITH = "compared_with"  # machine_info["w4a16"] key of a run stored after a passing --compare
+
+
+def baseline_chain(storage: str | Path, set_name: str, gpu: str) -> list[Path]:
+    """The stored runs of this set and GPU from the newest one stored without a passing comparison to the newest,
+    oldest first: each later one passed its comparison with the one before, so together they bound the drift that
+    comparing with the newest alone would let through."""
+    runs = [p for p, run_gpu in _stored_with_gpus(storage) if _set_of(p) == set_name and run_gpu == gpu]
+    chain = []
+    for path in reversed(runs):
+        chain.append(path)
+        if not load_run(path).machine.get("w4a16", {}).get(COMPARED_WITH):
+            break
+    return chain[::-1]
+
+
+def mark_compared(run_json: str | Path, baseline: Path) -> None:
+    """Record in a run's JSON the stored baseline it passed its comparison with (before it is stored)."""
+    path = Path(run_json)
+    data = json.loads(path.read_text())
+    data.setdefault("machine_info", {}).setdefault("w4a16", {})[COMPARED_WITH] = baseline.name
+    path.write_text(json.dumps(data, indent=4))
+
+
 def stored_gpus(storage: str | Path, set_name: str) -> set[str]:
     """The GPUs that a storage folder holds runs of this case set from."""
     return {gpu for p, gpu in _stored_with_gpus(storage) if _set_of(p) == set_name and gpu}
@@ -309,6 +339,12 @@ class Comparison:
     unbaselined: list[tuple] = field(default_factory=list)  # ours, measured, not in the baseline
     gpus: tuple[str | None, str | None] = (None, None)  # the baseline's and this run's GPU names, where recorded
     software: list[str] = field(default_factory=list)  # "torch 2.11.0 -> 2.12.0": what changed under the anchor
+    chain: list[tuple[str, float]] = field(default_factory=list)  # (stored run, ours' geometric mean against it)
+
+    @property
+    def drifted(self) -> list[tuple[str, float]]:
+        """The runs of the baseline's chain that ours, as a whole, are slower than by more than the threshold."""
+        return [(name, ratio) for name, ratio in self.chain if ratio > 1 + self.threshold]
 
     @property
     def regressions(self) -> list[Change]:
@@ -325,7 +361,8 @@ class Comparison:
     @property
     def ok(self) -> bool:
         gated = any(c.gated for c in self.changes)
-        return gated and not self.failures and not self.missing and not self.unbaselined and not self.other_gpu
+        return (gated and not self.failures and not self.missing and not self.unbaselined and not self.other_gpu
+                and not self.drifted)
 
     def report(self) -> str:
         lines = [f"compared {len(self.changes)} cases (threshold +{self.threshold:.0%} on the median relative to "
@@ -333,9 +370,8 @@ class Comparison:
         ours = [c for c in self.changes if c.gated]
         if ours:
             geo = math.exp(sum(math.log(c.ratio) for c in ours) / len(ours))
-            rel = math.exp(sum(math.log(c.relative_ratio) for c in ours) / len(ours))
-            lines.append(f"ours: geometric mean time ratio {geo:.3f} (current / baseline), {rel:.3f} relative to "
-                         f"the anchor, over {len(ours)} cases")
+            lines.append(f"ours: geometric mean time ratio {geo:.3f} (current / baseline), {self.relative_mean():.3f} "
+                         f"relative to the anchor, over {len(ours)} cases")
         else:
             lines.append("NOTHING OF OURS COMPARED: this run and the baseline share no case of our backends")
         if self.software:
@@ -351,6 +387,11 @@ class Comparison:
                 for c in sorted(items, key=lambda c: -c.relative_ratio):
                     lines.append(f"  {_key_text(c.key):60s} {c.baseline_s * 1e6:9.2f} -> {c.current_s * 1e6:9.2f} us"
                                  f"  ({c.ratio - 1:+.1%}){self._anchor_text(c)}{self._peer_context(c)}")
+        if self.chain:
+            worst = max(self.chain, key=lambda item: item[1])
+            lines.append(f"{'DRIFTED' if self.drifted else 'chain'}: ours' geometric mean relative to the anchor "
+                         f"against the {len(self.chain)} stored run(s) since {self.chain[0][0]}, the last one stored "
+                         f"without a passing comparison: worst {worst[1]:.3f} ({worst[0]})")
         if self.missing:
             lines.append("MISSING (ours: in the baseline, asked for, not measured this run):")
             lines += [f"  {_key_text(k)}" for k in self.missing]
@@ -359,6 +400,11 @@ class Comparison:
             lines += [f"  {_key_text(k)}" for k in self.unbaselined]
         lines.append("compare: PASS" if self.ok else "compare: FAIL")
         return "\n".join(lines)
+
+    def relative_mean(self) -> float:
+        """The geometric mean of ours' time ratios relative to the anchor (1.0 with nothing of ours compared)."""
+        ours = [c.relative_ratio for c in self.changes if c.gated]
+        return math.exp(sum(map(math.log, ours)) / len(ours)) if ours else 1.0
 
     @staticmethod
     def _anchor_text(change: Change) -> str:
