@@ -1,5 +1,6 @@
 import pytest
 import torch
+import w4a16_testing
 from w4a16_testing import full_precision_reductions, random_weight
 
 import w4a16
@@ -112,3 +113,17 @@ def test_the_tolerance_rule_times_torch_with_fp32_reductions():
         assert not matmul.allow_bf16_reduced_precision_reduction
         raise RuntimeError("inside")
     assert (matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction) == saved
+
+
+def test_the_tolerance_rules_matmul_runs_with_fp32_reductions(monkeypatch, generator):
+    matmul, seen, torch_matmul = torch.backends.cuda.matmul, [], torch.matmul
+
+    def recording_matmul(*args):
+        seen.append((matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction))
+        return torch_matmul(*args)
+
+    monkeypatch.setattr(torch, "matmul", recording_matmul)
+    qw = random_weight(16, 128, 64, False, torch.float16, generator=generator)
+    x = torch.randn(3, 128, generator=generator).half()
+    w4a16_testing.assert_matches_reference(w4a16.reference_gemm(x, qw), x, qw)
+    assert seen == [(False, False)]

@@ -83,6 +83,13 @@ def full_precision_reductions():
         matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction = saved
 
 
+def plain_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The tolerance rule's yardstick: torch's own matmul in x's dtype on the dequantized weight (+ bias)."""
+    with full_precision_reductions():
+        y = torch.matmul(x, w.t())
+    return y if bias is None else y + bias.to(x.dtype)
+
+
 def assert_matches_reference(out: torch.Tensor, x: torch.Tensor, qw: w4a16.QuantizedWeight,
                              bias: torch.Tensor | None = None) -> None:
     """Check `out` against the fp32 reference with the tolerance rule; report counts and first indices."""
@@ -91,9 +98,7 @@ def assert_matches_reference(out: torch.Tensor, x: torch.Tensor, qw: w4a16.Quant
     assert tuple(out.shape) == expected_shape, f"output shape {tuple(out.shape)} != {expected_shape}"
     ref = w4a16.reference_gemm(x.to(torch.float32), qw.to(dtype=torch.float32),
                                None if bias is None else bias.to(torch.float32))
-    w = dequantize(qw, x.dtype)
-    with full_precision_reductions():
-        plain = x @ w.t() if bias is None else x @ w.t() + bias.to(x.dtype)
+    plain = plain_matmul(x, dequantize(qw, x.dtype), bias)
     plain_err = (plain.to(torch.float32) - ref).abs().max().item() if ref.numel() else 0.0
     assert math.isfinite(plain_err), (
         f"torch's {x.dtype} matmul overflows on this case (largest reference output {ref.abs().max().item():.3g}): "
