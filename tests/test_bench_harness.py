@@ -346,7 +346,7 @@ def test_compare_bounds_the_drift_of_a_chain_of_passing_saves(tmp_path, monkeypa
         return status, results.newest_baseline(storage, "quick", gpu="NVIDIA H200").name
 
     assert round_at(1.09) == (0, "0002_quick.json")
-    assert results.baseline_chain(storage, "quick", "NVIDIA H200")[0].name == "0001_quick.json"
+    assert results.baseline_chain(storage, "quick", "NVIDIA H200")[0].path.name == "0001_quick.json"
     # 9% over 0002, the newest: each case passes, but ours are 19% over 0001, where the chain starts
     assert round_at(1.09**2) == (1, "0002_quick.json")
     report = (tmp_path / "out" / "compare.txt").read_text()
@@ -356,7 +356,7 @@ def test_compare_bounds_the_drift_of_a_chain_of_passing_saves(tmp_path, monkeypa
     # A plain --save (no comparison) is the deliberate new baseline: the chain starts again there.
     assert round_at(1.09**2, compare=None) == (0, "0003_quick.json")
     assert round_at(1.09**2 * 1.05) == (0, "0004_quick.json")
-    assert [p.name for p in results.baseline_chain(storage, "quick", "NVIDIA H200")] == [
+    assert [run.path.name for run in results.baseline_chain(storage, "quick", "NVIDIA H200")] == [
         "0003_quick.json", "0004_quick.json"]
 
 

@@ -204,7 +204,7 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
             current = results.load_run(json_path)
             comparison = results.compare(current, base_run, threshold, expected=expected)
         if args.compare == "newest":
-            comparison.chain = [(run.name, results.compare(current, results.load_run(run), threshold).relative_mean())
+            comparison.chain = [(run.path.name, results.compare(current, run, threshold).relative_mean())
                                 for run in results.baseline_chain(storage, set_name, gpu)]
         report = comparison.report()
         if again_lines:

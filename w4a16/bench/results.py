@@ -239,15 +239,15 @@ def newest_baseline(storage: str | Path, set_name: str | None = None, gpu: str |
 COMPARED_WITH = "compared_with"  # machine_info["w4a16"] key of a run stored after a passing --compare
 
 
-def baseline_chain(storage: str | Path, set_name: str, gpu: str) -> list[Path]:
+def baseline_chain(storage: str | Path, set_name: str, gpu: str) -> list[Run]:
     """The stored runs of this set and GPU from the newest one stored without a passing comparison to the newest,
     oldest first: each later one passed its comparison with the one before, so together they bound the drift that
     comparing with the newest alone would let through."""
-    runs = [p for p, run_gpu in _stored_with_gpus(storage) if _set_of(p) == set_name and run_gpu == gpu]
+    paths = [p for p, run_gpu in _stored_with_gpus(storage) if _set_of(p) == set_name and run_gpu == gpu]
     chain = []
-    for path in reversed(runs):
-        chain.append(path)
-        if not load_run(path).machine.get("w4a16", {}).get(COMPARED_WITH):
+    for path in reversed(paths):
+        chain.append(load_run(path))
+        if not chain[-1].machine.get("w4a16", {}).get(COMPARED_WITH):
             break
     return chain[::-1]
 
