@@ -83,21 +83,24 @@ def test_state_dict_with_zero_points_outside_0_to_15_is_refused(generator):
 
 def test_from_quantized_casts_scales_once(generator):
     qw = random_weight(16, 256, 128, False, torch.float32, generator=generator)
-    module = W4A16Linear.from_quantized(qw, torch.randn(16, generator=generator), dtype=torch.float16)
+    bias = torch.randn(16, generator=generator)
+    module = W4A16Linear.from_quantized(qw, bias, dtype=torch.float16)
     assert module.scales.dtype == torch.float16 and module.bias.dtype == torch.float16
     assert module.qweight.data_ptr() != qw.qweight.data_ptr(), "the module owns copies of its buffers"
+    # Against the weight it was given, cast here: not against the module's own buffers.
     x = torch.randn(3, 256, generator=generator).half()
-    assert_matches_reference(module(x), x, module.quantized_weight(), module.bias)
+    assert_matches_reference(module(x), x, qw.to(dtype=torch.float16), bias.half())
 
 
 def test_module_to_dtype_casts_scales_and_bias_but_not_the_packed_weight(generator):
-    module = W4A16Linear.from_quantized(random_weight(16, 128, 64, False, torch.float16, generator=generator),
-                                        torch.randn(16, generator=generator))
+    qw = random_weight(16, 128, 64, False, torch.float16, generator=generator)
+    bias = torch.randn(16, generator=generator).half()
+    module = W4A16Linear.from_quantized(qw, bias)
     module.to(torch.bfloat16)
     assert module.scales.dtype == torch.bfloat16 and module.bias.dtype == torch.bfloat16
     assert module.qweight.dtype == torch.int32 and module.zeros.dtype == torch.uint8
     x = torch.randn(2, 128, generator=generator).bfloat16()
-    assert_matches_reference(module(x), x, module.quantized_weight(), module.bias)
+    assert_matches_reference(module(x), x, qw.to(dtype=torch.bfloat16), bias.bfloat16())
 
 
 def test_repr_names_shape_group_format_and_backend(generator):
@@ -133,6 +136,13 @@ def test_bad_arguments():
         W4A16Linear.from_linear(torch.nn.Linear(96, 8))
     with pytest.raises(ValueError, match="meta device"):
         W4A16Linear.from_linear(torch.nn.Linear(128, 8, device="meta"))
+    for group_size in (0, None):
+        with pytest.raises(ValueError, match="group_size must be one of"):
+            W4A16Linear.from_linear(torch.nn.Linear(128, 8), group_size=group_size)
+    with pytest.raises(TypeError, match="out_features must be an int, got 8.5"):
+        W4A16Linear(128, 8.5)
+    with pytest.raises(TypeError, match="in_features must be an int, got 128.0"):
+        W4A16Linear(128.0, 8)
     module = W4A16Linear(128, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"last dim must equal K=128, got x of shape \(2, 64\)"):
         module(torch.randn(2, 64).half())

@@ -176,6 +176,18 @@ def test_quantize_model_quantizes_a_shared_layer_once_under_every_name():
     assert isinstance(model[0], W4A16Linear) and model[2] is model[0]
 
 
+def test_quantize_model_refuses_a_tied_lm_head_and_a_bare_linear():
+    model = tiny_model("llama", seed=3, tie=True)
+    with pytest.raises(ValueError, match=r"^lm_head: its weight is also model\.embed_tokens\.weight \(tied weights"):
+        quantize_model(model, group_size=32, skip=())
+    assert type(model.lm_head) is nn.Linear and type(model.model.layers[0].mlp.down_proj) is nn.Linear
+    assert isinstance(quantize_model(model, group_size=32).model.layers[0].mlp.down_proj, W4A16Linear)
+    layer = nn.Linear(64, 8)
+    with pytest.raises(ValueError, match=r"the model is itself an nn.Linear.*W4A16Linear\.from_linear"):
+        quantize_model(layer, group_size=32)
+    assert not list(layer.children())
+
+
 def test_set_backend_and_generate():
     model = quantize_model(tiny_model("qwen3", seed=5), group_size=32)
     assert set_backend(model, "reference") == 14
@@ -273,8 +285,10 @@ def test_load_quantized_casts_to_the_requested_dtype(tmp_path):
     assert loaded.lm_head.weight.dtype == torch.bfloat16
     layer = loaded.model.layers[0].mlp.down_proj
     assert layer.scales.dtype == torch.bfloat16
+    # Against the layer that was written, cast here: not against the loaded layer's own buffers.
+    written = model.model.layers[0].mlp.down_proj.quantized_weight().to(dtype=torch.bfloat16)
     x = torch.randn(3, layer.in_features).bfloat16()
-    assert_matches_reference(layer(x), x, layer.quantized_weight())
+    assert_matches_reference(layer(x), x, written)
     with torch.no_grad():
         assert torch.isfinite(loaded(tokens(10)).logits).all()
 

@@ -82,6 +82,7 @@ def test_groups_spanning_most_of_the_dtype_range_quantize_to_finite_weights(symm
     [
         (torch.zeros(8, 128, dtype=torch.int32), 128, TypeError, "floating-point"),
         (torch.zeros(128), 128, ValueError, "2-D"),
+        (torch.empty(8, 128, device="meta"), 128, ValueError, "w is on the meta device"),
         (torch.zeros(8, 192), 128, ValueError, "K=192 must be a multiple of group_size=128"),
         (torch.zeros(8, 128), 96, ValueError, "group_size must be one of"),
         (torch.full((8, 128), float("nan")), 128, ValueError, "NaN"),

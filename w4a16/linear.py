@@ -37,6 +37,9 @@ class W4A16Linear(nn.Module):
         super().__init__()
         check_group_size(group_size)
         check_symmetric(symmetric)
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
         if in_features <= 0 or in_features % group_size:
             raise ValueError(f"in_features={in_features} must be a positive multiple of group_size={group_size}")
         if out_features <= 0:
@@ -103,6 +106,7 @@ class W4A16Linear(nn.Module):
         """Round-to-nearest quantize an nn.Linear (w4a16.quantize); keeps its device and dtype."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        check_group_size(group_size)
         weight = linear.weight.detach()
         if weight.device.type == "meta":
             raise ValueError("linear's weight is on the meta device: load its weights before quantizing")

@@ -68,6 +68,23 @@ def _left_unquantized(module: nn.Module) -> str | None:
     return None
 
 
+def _refuse_tied_weights(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> None:
+    """Refuse a layer whose weight another module that stays in floating point also holds (tied embeddings): the
+    replacement would break the tie without a word, and a later `tie_weights()` would hang the float weight on the
+    W4A16Linear as an unused parameter."""
+    target_ids = {id(m) for _, m in targets}
+    holders: dict[int, list[str]] = {}  # id of a parameter -> the modules outside the targets that hold it
+    for name, module in model.named_modules(remove_duplicate=False):
+        if id(module) not in target_ids:
+            for pname, param in module.named_parameters(recurse=False):
+                holders.setdefault(id(param), []).append(f"{name}.{pname}" if name else pname)
+    for name, linear in targets:
+        if shared := holders.get(id(linear.weight)):
+            raise ValueError(f"{name}: its weight is also {shared[0]} (tied weights, e.g. tie_word_embeddings), which "
+                             f"would stay in floating point with the tie broken: add {name!r} to skip, or untie "
+                             f"the weights first")
+
+
 def quantize_model(
     model: nn.Module,
     group_size: int = 128,
@@ -84,7 +101,8 @@ def quantize_model(
     the model as it was. Errors, each naming the layer: in_features not a multiple of group_size; weights of 2 or
     more dimensions that this would otherwise leave unquantized without a word (GPT-2's Conv1D, the fused 3-D
     experts of a mixture-of-experts layer, MultiheadAttention) and subclasses of nn.Linear (skip them to keep them
-    as they are); weights it cannot quantize (on the meta device, float64, NaN); and no layer to quantize at all.
+    as they are); a layer whose weight another module also holds (a tied lm_head); weights it cannot quantize (on
+    the meta device, float64, NaN); no layer to quantize at all; and a model that is itself one nn.Linear.
     """
     check_group_size(group_size)  # both checked before any layer is touched
     check_symmetric(symmetric)
@@ -98,6 +116,9 @@ def quantize_model(
         raise ValueError(f"{name or 'the model'}: {reason}; add it to skip to keep it as is ({len(unsupported)} "
                          f"such module(s): {[n for n, _ in unsupported[:4]]})")
     targets = [(name, m) for name, m in modules if type(m) is nn.Linear]
+    if any(not name for name, _ in targets):
+        raise ValueError("the model is itself an nn.Linear, which quantize_model cannot replace in place: use "
+                         "W4A16Linear.from_linear(layer, group_size, symmetric)")
     if not targets:
         done = sum(isinstance(m, W4A16Linear) for m in model.modules())
         raise ValueError(f"no nn.Linear layer to quantize (skip={skip})"
@@ -108,6 +129,7 @@ def quantize_model(
                 f"{name}: in_features={linear.in_features} is not a multiple of group_size={group_size}; "
                 f"add {name!r} to skip or choose another group size"
             )
+    _refuse_tied_weights(model, targets)
     quantized: dict[int, W4A16Linear] = {}  # by id of the nn.Linear: a shared layer is quantized once
     for name, linear in targets:
         if id(linear) not in quantized:

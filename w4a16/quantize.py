@@ -33,6 +33,8 @@ def quantize(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> 
         raise TypeError(f"w must be a floating-point tensor [N, K], got {got}")
     if w.dim() != 2:
         raise ValueError(f"w must be 2-D [N, K], got shape {tuple(w.shape)}")
+    if w.device.type == "meta":
+        raise ValueError("w is on the meta device (it holds no values): load the weights before quantizing")
     check_group_size(group_size)
     check_symmetric(symmetric)
     n, k = w.shape
