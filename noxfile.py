@@ -29,10 +29,13 @@ CPU_TRITON = "triton==3.9.0"
 VENV = {"venv_backend": "venv", "venv_params": ["--system-site-packages"]}
 
 
-def _probe(session: nox.Session, code: str) -> str:
-    """Run a snippet in the session's python and return its last printed line ("" where nox ran nothing). stderr
-    is left to the console: nox would mix it into the output, and a GPU torch may warn on import."""
-    printed = session.run("python", "-c", code, silent=True, log=False, stderr=None) or ""
+def _probe(session: nox.Session, code: str) -> str | None:
+    """Run a snippet in the session's python and return its last printed line, or None where nox ran nothing
+    (--install-only). stderr is left to the console: nox would mix it into the output, and a GPU torch may warn on
+    import."""
+    printed = session.run("python", "-c", code, silent=True, log=False, stderr=None)
+    if printed is None:
+        return None
     lines = printed.strip().splitlines()
     return lines[-1].strip() if lines else ""
 
@@ -102,8 +105,10 @@ def install(session: nox.Session, *extras: str) -> None:
         session.install("-c", constraints, *requirements)
 
 
-def has_gpu(session: nox.Session) -> bool:
-    return _probe(session, "import torch; print(torch.cuda.is_available())") == "True"
+def has_gpu(session: nox.Session) -> bool | None:
+    """Whether torch sees a GPU; None under --install-only, where nox runs nothing, so no GPU is needed either."""
+    printed = _probe(session, "import torch; print(torch.cuda.is_available())")
+    return None if printed is None else printed == "True"
 
 
 # Set on GPU runners (the nightly): without a visible GPU every GPU test would skip and `tests` would pass.
@@ -119,9 +124,10 @@ def tests(session: nox.Session) -> None:
     """Correctness tests against the fp reference (CPU: Triton interpreter; GPU: real kernels)."""
     install(session, "test", "eval", "bench", "build")
     print_toolchain(session)
-    if has_gpu(session):  # the GPU tests exercise the skinny kernel: build it (cached) against this torch first
+    gpu = has_gpu(session)
+    if gpu:  # the GPU tests exercise the skinny kernel: build it (cached) against this torch first
         session.run("python", "-m", "w4a16.skinny_build")
-    elif os.environ.get(REQUIRE_GPU) == "1":
+    elif gpu is False and os.environ.get(REQUIRE_GPU) == "1":
         session.error(f"{REQUIRE_GPU}=1 but torch sees no GPU: every GPU test would be skipped")
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]), env=env)
@@ -139,7 +145,7 @@ def bench(session: nox.Session) -> None:
     """Kernel speed vs peers on this GPU (`-- --quick`, `-- --save`, `-- --compare [--threshold 10%]`, `-- --e2e`)."""
     install(session, "test", "bench", "build")
     print_toolchain(session)
-    if not has_gpu(session):
+    if has_gpu(session) is False:
         session.error("no GPU: the bench times CUDA/ROCm kernels and needs a device; nothing was measured")
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "w4a16.bench", *session.posargs, env=env)
@@ -167,7 +173,7 @@ def tune(session: nox.Session) -> None:
     """Tune the Triton GEMM's tile table on this GPU; writes w4a16/triton/configs/<arch>.json (`-- --m 16,128`)."""
     install(session)
     print_toolchain(session)
-    if not has_gpu(session):
+    if has_gpu(session) is False:
         session.error("no GPU: the tuner times kernels on the current device and has nothing to time here")
     env = {"TRITON_CACHE_DIR": os.path.join(session.create_tmp(), "triton-cache")}
     session.run("python", "-m", "w4a16.triton.tune", *session.posargs, env=env)
@@ -178,7 +184,7 @@ def build(session: nox.Session) -> None:
     """Build the skinny C++ kernel extension against this machine's torch (cached; needs a CUDA/ROCm torch)."""
     install(session, "build")
     print_toolchain(session)
-    if not has_gpu(session):
+    if has_gpu(session) is False:
         session.error("no GPU torch: the skinny extension builds against a CUDA or ROCm torch with a visible GPU "
                       "(this machine's torch is CPU-only); CPU checks of the kernel run in `nox -s tests`")
     session.run("python", "-m", "w4a16.skinny_build", *session.posargs)

@@ -15,7 +15,7 @@
 //
 // Dequantization: one LOP3 per pair (plus its shift) makes the magic (offset + q) pairs (dequant.h). With G = 128 a
 // k-step is exactly one group, so A is those raw pairs and the group's correction comes after the mma, in fp32:
-// sum_k (q - z) s x = s * (D - (offset + z) * sum_k x) (the raw-dot variant of DESIGN.md; nothing is rounded before
+// sum_k (q - z) s x = s * (D - (offset + z) * sum_k x) (the raw-dot variant, dequant.h; nothing is rounded before
 // accumulation), with sum_k x from the tensor cores too: the unit's B against an A of ones (mma_unit). With fp16
 // at G = 128 the odd pairs are (64 + q), which saves their shifts (raw_pair), and half of that A's rows carry the
 // offsets.

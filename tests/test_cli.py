@@ -36,3 +36,15 @@ def test_asm_refuses_the_triton_options_for_the_skinny_backend():
 
     with pytest.raises(SystemExit, match=r"--m, --dtype, --symmetric/--asymmetric: the triton backend's options"):
         main(["asm", "--backend", "skinny", "--arch", "sm_90", "--m", "5", "--dtype", "bf16", "--asymmetric"])
+
+
+def test_asm_names_an_out_directory_it_cannot_make(tmp_path):
+    import pytest
+
+    from w4a16.__main__ import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for backend in ("skinny", "triton"):
+        with pytest.raises(SystemExit, match=rf"--out {blocker}/asm: cannot make that directory"):
+            main(["asm", "--backend", backend, "--arch", "gfx1151", "--out", str(blocker / "asm")])

@@ -19,7 +19,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # few outputs, torch's own error is a small sample, and the skinny kernel measured 1.5 ulp on an fp16 output of 2
 # (M = 2, N = 1, K = 4160, on the H200): an eighth of an ulp failed it there.
 RELATIVE_FLOOR = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-20}
-# The rule of DESIGN.md: the kernel may be at most this many times worse than torch's own matmul in the
+# The tolerance rule: the kernel may be at most this many times worse than torch's own matmul in the
 # activation dtype on the same dequantized weights (both measured against the fp32 reference).
 TORCH_ERROR_FACTOR = 2.0
 

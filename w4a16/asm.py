@@ -75,6 +75,10 @@ def _run_skinny(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     given = [name for name in TRITON_DEFAULTS if getattr(args, name) is not None]
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"--out {args.out}: cannot make that directory ({exc.strerror or exc})") from exc
     if args.backend == "skinny":
         if given:
             options = ", ".join("--symmetric/--asymmetric" if n == "symmetric" else f"--{n}" for n in given)

@@ -1,6 +1,6 @@
 """The hybrid GEMM entry point: route each call to the skinny kernel, the Triton kernel, dequant + BLAS, or the reference.
 
-The rule (DESIGN.md, "The hybrid dispatch"), for x flattened to M rows of K:
+The rule, for x flattened to M rows of K:
 
     skinny        if the skinny op runs on this device and dtype, 1 <= M <= skinny_max_m (lower for a weight
                   shape measured apart) and K * M fits the kernel's on-chip staging (skinny_staging_elements)

@@ -128,6 +128,17 @@ def test_accuracy_command_refuses_to_evaluate_nothing(tmp_path, args, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (("--device", "foo"), "--device must be cuda, cuda:N or cpu, got 'foo'"),
+    (("--device", "meta"), "--device must be cuda, cuda:N or cpu, got 'meta'"),
+    (("--batch-size", "0"), "--batch-size must be positive, got 0"),
+    (("--batch-size", "-1"), "--batch-size must be positive, got -1"),
+])
+def test_accuracy_command_names_a_bad_option(tmp_path, args, message):
+    proc = _run(tmp_path, *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
 def test_accuracy_command_on_a_gpu_that_torch_cannot_see_fails(tmp_path):
     # a GPU runner whose GPU is not visible must not gate the CPU reference path and pass

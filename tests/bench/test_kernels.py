@@ -1,4 +1,4 @@
-"""Kernel benchmarks: DESIGN.md's model shapes x M values, our backends and the peers, in one process.
+"""Kernel benchmarks: the catalogue's model shapes (w4a16.bench.catalogue) x M values, our backends and the peers, in one process.
 
 Run through `python -m w4a16.bench` (or `nox -s bench`), which picks the set and makes pytest-benchmark time with
 the device clock. Each case: check the backend can run it, check its output once (ours against the fp32

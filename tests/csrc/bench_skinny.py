@@ -1,7 +1,7 @@
 """Skinny kernel timing on a GPU against torch's int4 tinygemm, torch bf16 matmul and (M > 5) the Triton kernel and
 what `auto` picks.
 
-Protocol of DESIGN.md: each op is captured many times in a CUDA graph over a rotation of weight copies whose total
+Protocol of the bench (w4a16.bench.timing): each op is captured many times in a CUDA graph over a rotation of weight copies whose total
 size is >= 4x the L2, so weights come from DRAM; per-call time = graph replay time / calls (median of replays).
 Copy bandwidth is measured in the same run (bytes read + written). Usage: python tests/csrc/bench_skinny.py [json]
 """

@@ -1,5 +1,5 @@
-"""The skinny kernel on a GPU against the fp32 reference: formats, group sizes, dtypes, M = 1..max_rows (8 on sm_90), the DESIGN.md
-model shapes and odd shapes, the staging limit and every host check. Skipped (with the reason) without a GPU."""
+"""The skinny kernel on a GPU against the fp32 reference: formats, group sizes, dtypes, M = 1..max_rows (8 on sm_90), the bench
+catalogue's model shapes and odd shapes, the staging limit and every host check. Skipped (with the reason) without a GPU."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -94,7 +95,19 @@ def test_asm_command(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "BLOCK_K=64" in proc.stdout and "v_wmma_" in proc.stdout and "spills 0" in proc.stdout, proc.stdout
-    assert list(tmp_path.glob("*.s")), list(tmp_path.iterdir())
+    (assembly,) = tmp_path.glob("*.s")
+    lds = int(re.search(r"LDS (\d+) B", proc.stdout).group(1))
+    assert lds > 0 and "ds_load" in assembly.read_text(), f"the kernel stages tiles in LDS: {proc.stdout}"
+
+
+def test_asm_command_compiles_the_split_a_launch_makes(tmp_path):
+    """The sm_90 table splits K 6 ways at M = 16 for this shape, but K = 256 has 2 K tiles: a launch splits in 2, and
+    so must the compiled kernel."""
+    proc = subprocess.run([sys.executable, "-m", "w4a16", "asm", "--backend", "triton", "--arch", "sm_90",
+                           "--m", "16", "--n", "4096", "--k", "256", "--out", str(tmp_path)], env=_clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "split_k=2" in proc.stdout, proc.stdout
 
 
 def test_producer_form_gives_the_producer_warp_its_registers(compiled):

@@ -1,7 +1,7 @@
 """The fused Triton GEMM and the dequant_blas route against the fp32 reference.
 
 On CPU the kernels run in the Triton interpreter (fp16 only: the interpreter computes bf16 wrong); on a GPU the
-same cases run for real in fp16 and bf16, plus every DESIGN.md model shape at M in {6, 16, 128, 2048}.
+same cases run for real in fp16 and bf16, plus every model shape of the bench catalogue at M in {6, 16, 128, 2048}.
 """
 
 from __future__ import annotations
@@ -119,18 +119,24 @@ def test_offsets_past_32_bits_drop_the_split_and_the_row_stride(generator, monke
 
     m, n, k = 64, 40, 256  # M * K = 16384, N * K = 10240, M * N = 2560: within the lowered limit
     monkeypatch.setattr(triton_route, "_INT32_MAX", m * k)
-    monkeypatch.setattr(configs, "select_config", lambda *args: TileConfig(32, 64, 64, 4, 2, 8, False))
-    launched = []
-    launch = gemm_kernel.launch_gemm
+    monkeypatch.setattr(configs, "INT32_MAX", m * k)
+    select = configs.select_config
+    monkeypatch.setattr(configs, "load_table", lambda arch: configs.Table(
+        "test", {}, ((16, (("any", TileConfig(32, 64, 32, 4, 2, 16, False)),)),), {}, None))
+    assert select("test", m, n, k, 64).split_k == 1, "8 splits (one per K tile) x M x N = 20480 is past the limit"
+    assert select("test", m, n // 8, k, 64).split_k == 8, "one split per K tile, within the limit"
+    launched, slices = [], []
+    launch, empty = gemm_kernel.launch_gemm, torch.empty
     monkeypatch.setattr(gemm_kernel, "launch_gemm",
-                        lambda x2d, qw, bias, config: launched.append((x2d, config)) or launch(x2d, qw, bias, config))
+                        lambda x2d, qw, bias, config: launched.append(x2d) or launch(x2d, qw, bias, config))
+    monkeypatch.setattr(torch, "empty", lambda *shape, **kw: slices.append(shape) or empty(*shape, **kw))
     qw = random_weight(n, k, 64, False, torch.float16, DEVICE, generator)
     rows = random_activation(m, 4 * k, torch.float16, DEVICE, generator)
     x = rows[:, :k]  # row stride 4K: (M - 1) * 4K + K = 64768 past the limit
     assert_matches_reference(triton_gemm(x, qw), x, qw)
-    (x2d, config), = launched
-    assert config.split_k == 1, "8 splits x M x N = 20480 is past the limit"
+    (x2d,) = launched
     assert x2d.is_contiguous()
+    assert not [s for s in slices if s and isinstance(s[0], tuple) and len(s[0]) == 3], "no split-K workspace"
 
 
 def test_a_config_whose_block_k_does_not_divide_the_group_is_refused(generator):
@@ -199,7 +205,7 @@ def test_the_interpreter_refuses_bf16(generator):
     assert_matches_reference(w4a16.gemm(x, qw), x, qw)  # auto routes bf16 to the reference on CPU
 
 
-# --- GPU only: every model shape of DESIGN.md ------------------------------------------------------------------
+# --- GPU only: every model shape of the bench catalogue --------------------------------------------------------
 MODEL_SHAPES = [
     (6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728),      # Qwen3-4B
     (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),     # Llama-3.1-8B

@@ -190,6 +190,15 @@ def run(args: argparse.Namespace) -> int:
         plans = [(spec, _tasks(spec, wanted)) for spec in models]
         if args.limit is not None and args.limit <= 0:
             raise ValueError(f"--limit must be positive, got {args.limit}")
+        if args.batch_size is not None and args.batch_size <= 0:
+            raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
+        if args.device is not None:
+            try:
+                kind = torch.device(args.device).type
+            except RuntimeError:
+                kind = None
+            if kind not in ("cuda", "cpu"):
+                raise ValueError(f"--device must be cuda, cuda:N or cpu, got {args.device!r}")
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -199,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --device {args.device}: no GPU is visible to torch here", file=sys.stderr)
         return 2
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    batch_size = args.batch_size or (4 if device.type == "cuda" else 32)
+    batch_size = args.batch_size if args.batch_size is not None else (4 if device.type == "cuda" else 32)
     if backends is None:  # the control calibrates kernel vs reference: nothing to calibrate where they are one
         backends = [b for b in ALL_BACKENDS if device.type == "cuda" or b != "control"]
     if device.type == "cuda" and "kernel" in backends:

@@ -1,6 +1,6 @@
 """What the bench measures: the (N, K) of each model's linear layers, the M values, the backends, and named sets.
 
-Shapes are DESIGN.md's: qkv, o, gate_up (fused gate and up projections) and down of each model, as nn.Linear
+Shapes: qkv, o, gate_up (fused gate and up projections) and down of each model, as nn.Linear
 weights [N, K]. A `Case` is one benchmark: a shape, an M, a weight format and a backend. The sets:
 
     quick     llama3.1-8b gate_up and down at a few M, every backend: a fast check that the harness and kernels run
@@ -42,7 +42,7 @@ BACKENDS = OURS + PEERS
 SKINNY_MAX_M = max(rows for rows, _, _ in skinny.arch_table().values())
 # dequant + BLAS pays a full dequantization per call: it only competes at prefill sizes.
 DEQUANT_BLAS_MIN_M = 16
-# tinygemm's time grows about linearly in M past decode sizes (DESIGN.md: 16455 us at M = 2048 for
+# tinygemm's time grows about linearly in M past decode sizes (measured on the H200: 16455 us at M = 2048 for
 # llama3.1-8b gate_up, 24x torch bf16): past 256 it would spend the bench's time budget on a known loser.
 TINYGEMM_MAX_M = 256
 # The peers are timed at fewer M than ours (the bench must fit in a few minutes): their curves are smooth between

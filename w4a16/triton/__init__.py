@@ -8,7 +8,6 @@ kernel modules are first imported (triton.jit reads it at decoration time).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 
 import torch
@@ -16,9 +15,9 @@ import torch
 from ..arch import arch as _arch
 from ..layout import QuantizedWeight
 from ..reference import check_gemm_args
+from .configs import INT32_MAX as _INT32_MAX
 
 _DTYPES = (torch.float16, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
 
 
 def _kernel_module():
@@ -134,8 +133,6 @@ def triton_gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
     if m == 0:
         return x2d.new_empty((0, qw.n))
     config = select_config(table_arch(x2d.device), m, qw.n, qw.k, qw.group_size)
-    if config.split_k * m * qw.n > _INT32_MAX:  # the split-K slices, [split, M, N], are indexed in 32 bits too
-        config = dataclasses.replace(config, split_k=1)
     with _on(x2d.device):
         return _kernel_module().launch_gemm(x2d, qw, bias, config)
 

@@ -182,7 +182,10 @@ def summarize(arch: str, compiled) -> dict:
 
         info.update(kind="amdgcn", vgprs=meta("vgpr_count"), sgprs=meta("sgpr_count"),
                     spills=max(meta("vgpr_spill_count"), 0) + max(meta("sgpr_spill_count"), 0),
-                    scratch_bytes=meta("private_segment_fixed_size"), lds_bytes=meta("group_segment_fixed_size"))
+                    scratch_bytes=meta("private_segment_fixed_size"),
+                    # Triton's AMD kernels take their LDS dynamically at launch (the code object's static
+                    # .group_segment_fixed_size reads 0): the compiler's own figure is what a launch allocates.
+                    lds_bytes=info["shared_bytes"])
         matrix = re.findall(r"\b(v_wmma_\w+)", text)
     else:
         text = compiled.asm["ptx"]

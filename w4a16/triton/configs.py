@@ -42,6 +42,7 @@ RULES = {
 KERNELS = ("fused", "wgmma")
 # The wgmma kernel's fixed K tile (owned here so configs load without triton's Gluon; wgmma_kernel imports it).
 WGMMA_BLOCK_K = 128
+INT32_MAX = 2**31 - 1  # the kernels' element offsets are 32-bit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +145,15 @@ class TileConfig:
             return self
         return dataclasses.replace(self, block_k=min(self.block_k, group_size))
 
+    def for_shape(self, m: int, n: int, k: int) -> TileConfig:
+        """The config as a launch for [M, K] x [N, K] runs it: at most one K split per K tile (cdiv: the wgmma
+        kernel masks a partial last tile; the fused kernel's BLOCK_K divides K), and none where the fp32 slices
+        [split, M, N] would outgrow the kernels' 32-bit offsets."""
+        split_k = max(1, min(self.split_k, -(-k // self.block_k)))
+        if split_k * m * n > INT32_MAX:
+            split_k = 1
+        return self if split_k == self.split_k else dataclasses.replace(self, split_k=split_k)
+
 
 @dataclasses.dataclass(frozen=True)
 class Table:
@@ -209,7 +219,7 @@ def select_config(arch: str, m: int, n: int, k: int, group_size: int) -> TileCon
     if config is None:
         rules = dict(table.buckets)[bucket]
         config = next(cfg for when, cfg in rules if RULES[when](n, k))
-    return config.for_group(group_size)
+    return config.for_group(group_size).for_shape(m, n, k)
 
 
 def dequant_blas_min_m(arch: str) -> int | None:

@@ -4,7 +4,7 @@ Input: `words` int32 [BLOCK_N, BLOCK_K // 8] (shuffle order, see `w4a16.layout`)
 activation dtype and `zero_bias` [BLOCK_N] = MAGIC + z in the activation dtype (one group per row: BLOCK_K divides
 the group size, so a K tile never straddles two groups).
 
-The magic-number trick (DESIGN.md): `(word >> 4p) & 0x000F000F` puts the nibbles of k = 2p and 2p + 1 into the low
+The magic-number trick (as in csrc/dequant.h): `(word >> 4p) & 0x000F000F` puts the nibbles of k = 2p and 2p + 1 into the low
 mantissa bits of two 16-bit lanes; OR-ing the exponent pattern of MAGIC (1024.0 = 0x6400 in fp16, 128.0 = 0x4300
 in bf16, both with a ulp of 1) makes each lane the float MAGIC + q exactly. Then
 

@@ -168,7 +168,7 @@ def launch_gemm(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileCo
         ptx_dequant = ptx_dequant_for(x2d.device)
     if out is None:
         out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    split_k = max(1, min(config.split_k, k // config.block_k))
+    split_k = config.for_shape(m, n, k).split_k
     # Split-K: every split writes its whole [M, N] slice (zeros where its K range is empty), so the workspace
     # needs no initialisation. It holds split_k * M * N fp32 for the duration of the call.
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)

@@ -3,7 +3,7 @@
     python -m w4a16.triton.tune [--out PATH] [--results PATH] [--shapes llama3.1-8b,qwen3-4b] [--m 16,32,...]
                                 [--merge]
 
-For every benchmark shape (N, K) of DESIGN.md's chosen models and every M bucket it times each candidate config of
+For every benchmark shape (N, K) of the tuned models (the bench catalogue's) and every M bucket it times each candidate config of
 that bucket (bf16, symmetric, G = 128; the table serves every dtype and format), the dequant_blas route and, for the
 report, torch bf16 matmul on pre-dequantized weights. The candidates are the fused kernel's and, on an sm_90 GPU
 with triton's Gluon, the wgmma kernel's (wgmma_kernel.py). Timing: CUDA-graph replay of one call per weight copy over a
@@ -35,7 +35,7 @@ from ..bench.metrics import rotation_copies
 from ..bench.timing import GraphTimer, capture, last_level_cache_bytes
 from .configs import CONFIG_DIR, WGMMA_BLOCK_K, TileConfig
 
-# The models tuned on, with DESIGN.md's shapes as the bench catalogue holds them: model -> [(layer, N, K)].
+# The models tuned on, with their shapes from the bench catalogue: model -> [(layer, N, K)].
 SHAPES = {model: [(layer, *MODELS[model][layer]) for layer in LAYERS] for model in ("llama3.1-8b", "qwen3-4b")}
 M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 GROUP_SIZE = 128

@@ -626,7 +626,7 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
     else:
         x_in = operand_order(x2d)
     x_desc = None if config.x_gather else x_descriptor(x_in, config.block_m)
-    split_k = max(1, min(config.split_k, triton.cdiv(k, BLOCK_K)))
+    split_k = config.for_shape(m, n, k).split_k
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
     bias_or_any = bias if bias is not None else qw.scales  # never read when HAS_BIAS is false
