@@ -34,6 +34,9 @@ EXTENSION_NAME = "w4a16_skinny"
 ASM_ARCHS = ("sm_90", "gfx1151", "gfx1201")
 PROBE_SYMBOL = "w4a16_device_staging_elements"
 HIP_COMPILER = "clang-19"
+# The AMD device-only compile checks: no ROCm device libraries here (-nogpulib), so their few functions that HIP's
+# headers call come inline from this header; otherwise each would stay an external call in the checked code.
+AMD_CHECK_FLAGS = ("-nogpulib", "-include", str(CSRC / "amd_device_lib_inline.h"))
 
 # Instructions of interest per target: (label, regex over assembly lines).
 _AMD_PATTERNS = {
@@ -162,8 +165,8 @@ def compile_device(arch: str, out_dir: str | os.PathLike, defines: tuple[str, ..
         if not hip_headers_present():
             raise ToolMissing("HIP headers are needed (apt-get install libamdhip64-dev)")
         asm = out / f"skinny_{arch}.s"
-        log = _run([clang, "-x", "hip", f"--offload-arch={arch}", "-nogpulib", "--cuda-device-only", "-S", *flags,
-                    source, "-o", str(asm)]).stderr
+        log = _run([clang, "-x", "hip", f"--offload-arch={arch}", *AMD_CHECK_FLAGS, "--cuda-device-only", "-S",
+                    *flags, source, "-o", str(asm)]).stderr
         return {"asm": asm, "log": log, "kind": "amdgcn"}
     raise ValueError(f"arch must be one of {ASM_ARCHS}, got {arch!r}")
 
@@ -187,6 +190,9 @@ def asm_stats(arch: str, compiled: dict) -> dict:
         stats["spills"] = sum(int(v) for v in re.findall(r"^\s+\.[vs]gpr_spill_count:\s+(\d+)", text, re.M))
         stats["scratch_bytes"] = max((int(v) for v in re.findall(r"^\s+\.private_segment_fixed_size:\s+(\d+)", text, re.M)), default=0)
         stats["static_shared_bytes"] = max((int(v) for v in re.findall(r"^\s+\.group_segment_fixed_size:\s+(\d+)", text, re.M)), default=0)
+        # A call (an unresolved device-library function, say) makes the kernel another one: AMD_CHECK_FLAGS.
+        stats["calls"] = len(re.findall(r"\bs_swappc_b64\b", text))
+        stats["dynamic_stack_kernels"] = len(re.findall(r"^\s+\.uses_dynamic_stack:\s+true", text, re.M))
         probe = re.search(rf"^{PROBE_SYMBOL}:\s*\n\s*\.long\s+(\d+)", text, re.M)
     else:
         if compiled["kind"] == "sass":
@@ -249,6 +255,8 @@ def format_summary(stats: dict) -> str:
     lines.append(f"  {unit} per thread: {lo}..{hi}; spills: {stats['spills']} ; scratch/stack: {stats['scratch_bytes']} B;"
                  f" static shared: {stats['static_shared_bytes']} B (activations use dynamic shared memory)")
     lines.append(f"  staging budget compiled into the device code: {stats['probe_staging_elements']} elements")
+    if "calls" in stats:
+        lines.append(f"  calls: {stats['calls']}; kernels with a dynamic stack: {stats['dynamic_stack_kernels']}")
     if "refill_waits" in stats:
         waiting = sorted(label for label, n in stats["refill_waits"].items() if n)
         no_loop = sorted(label for label, n in stats["refill_waits"].items() if n is None)

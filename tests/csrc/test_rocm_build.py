@@ -73,8 +73,9 @@ def test_rocm_build_targets_the_visible_arch_only(rocm_build):
 def test_hipified_kernel_compiles_to_the_checked_device_code(rocm_build, tmp_path):
     clang = skinny_build.hip_compiler_path()
     kernel = rocm_build / "csrc" / "skinny_kernel.hip"
-    # Device and host apart, and -nogpulib: without ROCm's device libraries clang cannot link the device code.
-    common = [clang, "-x", "hip", *ninja_variable(rocm_build, "cuda_cflags").split(), "-nogpulib", str(kernel)]
+    # Device and host apart, and without ROCm's device libraries, as the direct compile (AMD_CHECK_FLAGS).
+    common = [clang, "-x", "hip", *ninja_variable(rocm_build, "cuda_cflags").split(), *skinny_build.AMD_CHECK_FLAGS,
+              str(kernel)]
     device = subprocess.run([*common, "--cuda-device-only", "-S", "-o", str(tmp_path / "device.s")],
                             capture_output=True, text=True)
     assert device.returncode == 0, device.stderr[-4000:]
