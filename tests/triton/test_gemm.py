@@ -164,6 +164,31 @@ def test_dequant_blas(group_size, symmetric, dtype, generator):
     assert_matches_reference(dequant_blas_gemm(x, qw, bias), x, qw, bias)
 
 
+def test_dequant_blas_keeps_its_shared_workspace_out_of_autograd(generator):
+    """The workspace is shared by every layer: a graph holding it would hand a later backward another layer's
+    weight. The route's result holds no graph; w4a16.gemm's gradient is its own formula, right after the workspace
+    was overwritten."""
+    dtype = torch.float16
+    first, second = (random_weight(32, 128, 64, False, dtype, DEVICE, generator) for _ in range(2))
+    x = random_activation(3, 128, dtype, DEVICE, generator).requires_grad_()
+    assert dequant_blas_gemm(x, first).grad_fn is None
+    y = w4a16.gemm(x, first, backend="dequant_blas")
+    w4a16.gemm(x.detach(), second, backend="dequant_blas")  # overwrites the workspace
+    y.float().sum().backward()
+    expected = torch.ones(3, 32) @ w4a16.dequantize(first, torch.float32).cpu()
+    torch.testing.assert_close(x.grad.float().cpu(), expected, rtol=1e-3, atol=1e-3)
+
+
+def test_dequant_blas_refuses_k_tiles_past_the_grid_limit(generator):
+    from w4a16.triton.configs import GRID_YZ_MAX
+
+    k = 32 * (GRID_YZ_MAX + 1)  # one 32-wide K tile more than a grid's y extent holds
+    qw = random_weight(1, k, 32, True, torch.float16, DEVICE, generator)
+    x = random_activation(1, k, torch.float16, DEVICE, generator)
+    with pytest.raises(ValueError, match=rf"K={k} with group_size=32 makes {GRID_YZ_MAX + 1} K tiles of 32"):
+        dequant_blas_gemm(x, qw)
+
+
 @pytest.mark.parametrize("route", [triton_gemm, dequant_blas_gemm], ids=["triton", "dequant_blas"])
 def test_public_entry_points(route, generator):
     """Table-selected config, non-contiguous x and bias (made contiguous), M = 0."""

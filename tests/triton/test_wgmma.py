@@ -254,3 +254,17 @@ def test_every_config_the_sm90_table_ships(config, generator):
     config = config.for_group(g)
     out = launch_gemm(x, qw, bias, config, out=torch.full((m, n), float("nan"), dtype=x.dtype, device="cuda"))
     assert_matches_reference(out, x, qw, bias)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+def test_token_tiles_past_the_grid_limit_are_refused():
+    """Token tiles are the grid's y extent, which stops at 65535: one tile more is a clear error, not a failed
+    launch."""
+    from w4a16.triton.configs import GRID_YZ_MAX
+    from w4a16.triton.wgmma_kernel import launch_wgmma
+
+    m = 16 * GRID_YZ_MAX + 1
+    qw = random_weight(64, 128, 128, True, torch.float16, "cuda", torch.Generator().manual_seed(0))
+    x = torch.ones(m, 128, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match=rf"M={m} makes {GRID_YZ_MAX + 1} token tiles of 16, past the {GRID_YZ_MAX}"):
+        launch_wgmma(x, qw, None, TileConfig(16, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma"))

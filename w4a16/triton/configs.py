@@ -43,6 +43,7 @@ KERNELS = ("fused", "wgmma")
 # The wgmma kernel's fixed K tile (owned here so configs load without triton's Gluon; wgmma_kernel imports it).
 WGMMA_BLOCK_K = 128
 INT32_MAX = 2**31 - 1  # the kernels' element offsets are 32-bit
+GRID_YZ_MAX = 65535  # a launch grid's y and z extents, on CUDA and HIP alike
 
 
 @dataclasses.dataclass(frozen=True)

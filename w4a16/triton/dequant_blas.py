@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import GRID_YZ_MAX
 from .dequant_tile import BF16_MAGIC, FP16_MAGIC, dequantize_tile
 from .gemm_kernel import ptx_dequant_for
 
@@ -59,6 +60,9 @@ def dequantize_into(qw, out: torch.Tensor, tile_elements: int = TILE_ELEMENTS, n
     block_k = min(128, qw.group_size)
     block_n = max(1, tile_elements // block_k)
     grid = (triton.cdiv(n, block_n), k // block_k)
+    if grid[1] > GRID_YZ_MAX:
+        raise ValueError(f"K={k} with group_size={qw.group_size} makes {grid[1]} K tiles of {block_k}, past the "
+                         f"{GRID_YZ_MAX} a launch grid's y extent allows: too large for the dequantization kernel")
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
     w4a16_dequant_kernel[grid](
         qw.qweight, qw.scales, zeros, out, n, k,
@@ -88,6 +92,10 @@ def release_workspaces() -> None:
 
 def launch_dequant_blas(x2d: torch.Tensor, qw, bias: torch.Tensor | None) -> torch.Tensor:
     w = dequantize_into(qw, workspace(x2d.device, x2d.dtype, qw.n, qw.k))
-    if bias is None:
-        return x2d @ w.t()
-    return torch.addmm(bias.to(x2d.dtype), x2d, w.t())
+    # Outside autograd: a graph saving `w` would hold a view of the shared workspace, which the next call overwrites
+    # through a raw pointer (no version bump), so a later backward would use another layer's weight. Gradients come
+    # from w4a16.gemm's own formula (dispatch.py), as for the Triton GEMMs.
+    with torch.no_grad():
+        if bias is None:
+            return x2d @ w.t()
+        return torch.addmm(bias.to(x2d.dtype), x2d, w.t())

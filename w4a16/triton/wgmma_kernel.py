@@ -65,7 +65,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .configs import WGMMA_BLOCK_K, TileConfig
+from .configs import GRID_YZ_MAX, WGMMA_BLOCK_K, TileConfig
 from .dequant_tile import BF16_MAGIC, FP16_MAGIC, magic_pair_hex, ptx_dequant_asm
 from .gemm_kernel import add_splits
 
@@ -613,6 +613,9 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
         raise RuntimeError(f"tile config {config} selects the wgmma kernel, but {reason}")
     m, k = x2d.shape
     n = qw.n
+    if triton.cdiv(m, config.block_m) > GRID_YZ_MAX:
+        raise ValueError(f"M={m} makes {triton.cdiv(m, config.block_m)} token tiles of {config.block_m}, past the "
+                         f"{GRID_YZ_MAX} a launch grid's y extent allows: too many rows for the wgmma kernel")
     if out is None:
         out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     if config.x_gather:
