@@ -703,6 +703,56 @@ def test_cli_rejects_bad_options(capsys):
     assert "threshold" in err and "llama9" in err
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--quick", "--inject-slowdown", "--save"], "--inject-slowdown makes a deliberately slow run, which must never"),
+    (["--e2e", "--e2e-models", ","], "--e2e-models ',': name at least one model"),
+    (["--models", ""], "--models '': name at least one model"),
+    (["--e2e", "--compare"], "--e2e times whole models and takes none of --compare"),
+    (["--e2e", "--models", "llama3.1-8b", "--inject-slowdown"], "takes none of --models, --inject-slowdown"),
+])
+def test_cli_refuses_options_that_would_store_or_compare_the_wrong_thing(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_gpu_available", lambda: True)  # refused before anything is measured
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_names_an_out_or_storage_path_that_is_a_file(tmp_path, monkeypatch, capsys):
+    import w4a16.info
+
+    monkeypatch.setattr(cli, "_gpu_available", lambda: True)
+    monkeypatch.setattr(w4a16.info, "run", lambda args: None)
+    monkeypatch.setattr(w4a16, "arch", lambda: "sm_90")
+    monkeypatch.setattr(cli, "_run_kernels", lambda *args: pytest.fail("nothing may be measured"))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["--quick", "--no-build", "--out", str(blocker)]) == 2
+    assert f"--out {blocker}: cannot make that directory" in capsys.readouterr().err
+    assert cli.main(["--quick", "--no-build", "--save", "--storage", str(blocker), "--out", str(tmp_path)]) == 2
+    assert f"--storage {blocker}/sm_90: cannot make that directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["not json", "[]"])
+def test_an_unreadable_compare_file_fails_before_the_run(tmp_path, monkeypatch, capsys, text):
+    import argparse
+
+    monkeypatch.setattr(cli.subprocess, "call", lambda *a, **k: pytest.fail("the run must not start"))
+    monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H200")
+    bad = tmp_path / "base.json"
+    bad.write_text(text)
+    args = argparse.Namespace(set="quick", save=False, compare=str(bad), pytest_args=[], inject_slowdown=False)
+    assert cli._run_kernels(args, "sm_90", None, 0.10, tmp_path / "sm_90", tmp_path, "stamp") == 2
+    assert f"--compare {bad}: not a readable benchmark run" in capsys.readouterr().err
+
+
+def test_an_e2e_run_that_measured_nothing_fails_and_stores_nothing(tmp_path, monkeypatch):
+    from w4a16.bench import e2e
+
+    monkeypatch.setattr(e2e, "run", lambda names, **kwargs: [])
+    monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H200")
+    assert cli._run_e2e([], tmp_path, tmp_path / "storage", "stamp") == 1
+    assert not (tmp_path / "storage").exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # tinygemm's operands, checked with torch's own CPU int4 kernel (same dequantization formula as CUDA's)
 

@@ -94,6 +94,8 @@ def _parse_models(text: str | None, known, what: str) -> list[str] | None:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"{what}: unknown model(s) {unknown}; known: {', '.join(known)}")
+    if not names:
+        raise ValueError(f"{what} {text!r}: name at least one model, of {', '.join(known)}")
     return names
 
 
@@ -102,6 +104,13 @@ def run(args: argparse.Namespace) -> int:
         threshold = results.parse_threshold(args.threshold)
         models = _parse_models(args.models, catalogue.MODELS, "--models")
         e2e_models = _parse_models(args.e2e_models, _e2e_names(), "--e2e-models")
+        if args.inject_slowdown and args.save:
+            raise ValueError("--inject-slowdown makes a deliberately slow run, which must never become a baseline: "
+                             "drop --save")
+        ignored = [option for option, given in (("--compare", args.compare is not None), ("--models", args.models),
+                                                ("--inject-slowdown", args.inject_slowdown)) if given]
+        if args.e2e and ignored:
+            raise ValueError(f"--e2e times whole models and takes none of {', '.join(ignored)}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -118,7 +127,13 @@ def run(args: argparse.Namespace) -> int:
     arch = w4a16.arch()
     storage = Path(args.storage) / arch
     out = Path(args.out) if args.out else REPO_ROOT / "build" / "bench" / arch
-    out.mkdir(parents=True, exist_ok=True)
+    for option, directory in (("--out", out), ("--storage", storage if args.save else None)):
+        try:
+            if directory is not None:
+                directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"error: {option} {directory}: cannot make that directory ({exc.strerror or exc})", file=sys.stderr)
+            return 2
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     if args.e2e:
         return _run_e2e(e2e_models, out, storage if args.save else None, stamp)
@@ -142,6 +157,12 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
                   + (f" (it holds runs of {', '.join(others)}, which this GPU's times are not compared with)"
                      if others else "")
                   + f"; store one with --save --set {set_name}", file=sys.stderr)
+            return 2
+        try:  # read now, not after the run: a bad file must not cost the whole measurement
+            base_run = results.load_run(baseline)
+        except (OSError, ValueError, AttributeError) as exc:
+            print(f"error: --compare {baseline}: not a readable benchmark run ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
             return 2
     json_path = out / f"{arch}-{set_name}-{stamp}.json"
 
@@ -183,7 +204,6 @@ def _run_kernels(args, arch, models, threshold, storage: Path, out: Path, stamp:
             print(f"error: --compare: the benchmark run did not say which cases it selected ({collected_path}), so "
                   "a case that stopped being measured could not be told from one not asked for", file=sys.stderr)
             return 1
-        base_run = results.load_run(baseline)
         comparison = results.compare(current, base_run, threshold, expected=expected)
         again_lines = []
         for attempt in range(1, CONFIRM_RUNS + 1):
@@ -322,9 +342,10 @@ def _run_e2e(names: list[str], out: Path, storage: Path | None, stamp: str) -> i
     payload = {"datetime": stamp, "device": device, "results": e2e.to_json(measured)}
     (out / "e2e.md").write_text(text)
     (out / f"e2e-{stamp}.json").write_text(json.dumps(payload, indent=2))
-    ok = all(r.finite for r in measured)
+    ok = bool(measured) and all(r.finite for r in measured)
     if not ok:
-        print("e2e: a model failed or gave non-finite logits (see above); nothing stored", file=sys.stderr)
+        print("e2e: no model measured, or one failed or gave non-finite logits (see above); nothing stored",
+              file=sys.stderr)
     elif storage is not None:  # --save stores a run that passed only
         storage.mkdir(parents=True, exist_ok=True)
         shutil.copy2(out / "e2e.md", storage / results.per_gpu_name("e2e.md", device))
