@@ -137,6 +137,7 @@ def test_shape_override_lowers_auto_for_that_weight_only():
 def test_describe_rule_counts_the_shapes_measured_apart(monkeypatch):
     monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, dtype: None)
     monkeypatch.setattr(dispatch, "_device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # an sm_90 GPU, as far as describe_rule asks
     r = dispatch.rules("sm_90")
     apart = len(r.skinny_max_m_overrides)
     text = dispatch.describe_rule("cuda:0", torch.bfloat16)
@@ -150,6 +151,7 @@ def test_describe_rule_names_what_decide_picks_past_the_skinny_kernel(monkeypatc
     monkeypatch.setattr(dispatch, "unavailable_reason",
                         lambda backend, device, dtype: "not here" if backend in unavailable else None)
     monkeypatch.setattr(dispatch, "_device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     r = dispatch.rules("sm_90")
     available = {b: b not in unavailable for b in ("skinny", "triton", "dequant_blas")}
     text = dispatch.describe_rule("cuda:0", torch.bfloat16)
@@ -364,3 +366,12 @@ def test_trainable_scales_are_refused_at_backward(generator):
     y = w4a16.gemm(torch.randn(2, 128, generator=generator), w4a16.QuantizedWeight(qw.qweight, scales, None, 32))
     with pytest.raises(RuntimeError, match="scales require grad, but the quantized weight is frozen"):
         y.sum().backward()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a torch without a GPU answers for a cuda device")
+def test_a_cuda_device_without_a_gpu_gets_reasons_not_a_crash():
+    for backend in ("skinny", "triton", "dequant_blas"):
+        for device in ("cuda", "cuda:0"):
+            assert "no usable GPU" in dispatch.unavailable_reason(backend, device, torch.float16)
+    assert dispatch.choose_backend(1, 4096, 4096, torch.float16, "cuda") == "reference"
+    assert dispatch.describe_rule("cuda") == "reference on cuda (torch sees no GPU)"

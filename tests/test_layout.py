@@ -73,7 +73,11 @@ def test_quantized_weight_properties():
     asym = w4a16.QuantizedWeight(qweight, scales, zeros, group_size=128)
     assert not asym.symmetric and asym.zeros.dtype == torch.uint8
     moved = asym.to("cpu", dtype=torch.bfloat16)
-    assert moved.scales.dtype == torch.bfloat16 and torch.equal(moved.zeros, asym.zeros)
+    assert torch.equal(moved.scales, torch.ones(16, 2, dtype=torch.bfloat16))
+    assert torch.equal(moved.zeros, torch.full((16, 2), 3, dtype=torch.uint8))
+    assert torch.equal(moved.qweight, torch.zeros(16, 32, dtype=torch.int32))
+    on_meta = asym.to("meta")  # no values to check there: a model built on the meta device, filled later
+    assert on_meta.zeros.device.type == "meta" and on_meta.scales.shape == (16, 2)
     assert asym.to(torch.bfloat16).scales.dtype == torch.bfloat16  # a dtype alone, as Tensor.to takes it
     assert "N=16" in repr(qw) and "K=256" in repr(qw)
 

@@ -166,6 +166,8 @@ def unavailable_reason(backend: str, device: torch.device | str, dtype: torch.dt
     # GPU answers cannot change within a process (the extension loads or not); CPU answers may depend on
     # TRITON_INTERPRET, so they are not cached.
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"no usable GPU: torch {torch.__version__} sees none"
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         return _cached_unavailable_reason(backend, device, dtype)
@@ -181,7 +183,7 @@ def choose_backend(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
     """The backend "auto" uses for M rows of K times an [N, K] weight on `device` (CPU, or no kernel for it:
     "reference")."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():
         return "reference"
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -195,8 +197,8 @@ def choose_backend(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
 def describe_rule(device: torch.device | str, dtype: torch.dtype = torch.float16) -> str:
     """One line naming what "auto" does on `device`, for reprs and `python -m w4a16 info`."""
     device = torch.device(device)
-    if device.type != "cuda":
-        return f"reference on {device.type}"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"reference on {device.type}" + ("" if device.type != "cuda" else " (torch sees no GPU)")
     r = rules(_device_arch(device if device.index is not None else torch.device("cuda", torch.cuda.current_device())))
     parts = []
     if unavailable_reason("skinny", device, dtype) is None and r.skinny_max_m:

@@ -33,7 +33,10 @@ _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def check_nibbles(q: torch.Tensor, name: str) -> None:
     if q.dtype not in _INTEGER_DTYPES:
-        raise TypeError(f"{name} must be an integer tensor with values 0..15, got dtype {q.dtype}")
+        raise TypeError(f"{name} must be an integer tensor of dtype {', '.join(map(str, _INTEGER_DTYPES))} with "
+                        f"values 0..15, got dtype {q.dtype}")
+    if q.device.type == "meta":  # no values to check (a model built on the meta device, filled later)
+        return
     if q.numel() and (int(q.min()) < 0 or int(q.max()) > 15):
         raise ValueError(f"{name} values must lie in 0..15, got min {int(q.min())} and max {int(q.max())}")
 
@@ -105,7 +108,9 @@ class QuantizedWeight:
     """A 4-bit weight in the shared layout (see the module docstring); validated on construction.
 
     qweight: int32 [N, K // 8] (shuffle order). scales: [N, K // G], fp16/bf16/fp32 (kernels want the
-    activation dtype). zeros: None (symmetric uint4b8, z = 8) or integer-valued [N, K // G] in 0..15.
+    activation dtype). zeros: None (symmetric uint4b8, z = 8) or integer-valued [N, K // G] in 0..15. The given
+    tensors are held, not copied, where they are contiguous (and zeros uint8): changing them afterwards changes the
+    weight, past the checks made here.
     """
 
     def __init__(
@@ -177,8 +182,8 @@ class QuantizedWeight:
         return torch.full_like(self.scales, SYMMETRIC_ZERO, dtype=torch.uint8)
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> QuantizedWeight:
-        """A copy on `device`, with scales cast to `dtype` (the activation dtype) when given; `qw.to(torch.float16)`
-        works as for tensors."""
+        """The weight on `device`, with scales cast to `dtype` (the activation dtype) when given; `qw.to(torch.float16)`
+        works as for tensors. As with Tensor.to, a tensor already on that device (and dtype) is shared, not copied."""
         if isinstance(device, torch.dtype) and dtype is None:
             device, dtype = None, device
         scales = self.scales.to(device=device, dtype=dtype)

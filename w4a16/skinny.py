@@ -23,7 +23,8 @@ from .reference import check_gemm_args
 
 _TABLE_ROW = re.compile(r"^\s*ROW\((\w+),\s*(\d+),\s*(\d+),\s*(\d+)\)", re.M)
 _DTYPES = (torch.float16, torch.bfloat16)
-BUILD_HINT = "build it with `nox -s build` (or `python -m w4a16.skinny_build`)"
+BUILD_HINT = ("build it with `nox -s build` (or `python -m w4a16.skinny_build`), then start a new process (this "
+              "answer is kept for the process's life)")
 
 
 @functools.cache
