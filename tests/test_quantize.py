@@ -20,6 +20,28 @@ def test_round_to_nearest_error_is_within_half_a_step(symmetric, group_size, dty
     assert err.mean() < 0.3 * step.mean()
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_groups_of_one_sign_are_within_half_a_step(sign, symmetric, generator):
+    """The code range always holds 0 (an asymmetric group of one sign gets zero point 0 or 15), and RTN stays
+    within half a step there too; every row's groups are of one sign, unlike random data's."""
+    w = sign * (torch.rand(16, 256, generator=generator) * 0.04 + 0.01)
+    qw = w4a16.quantize(w, group_size=64, symmetric=symmetric)
+    if not symmetric:
+        assert (qw.zeros == (0 if sign > 0 else 15)).all(), qw.zeros
+    err = (w4a16.dequantize(qw) - w).abs().reshape(16, -1, 64)
+    step = qw.scales.float().unsqueeze(-1)
+    assert (err <= step * 0.5 * (1 + 2**-16)).all(), f"{(err / step).max().item():.6f} of a step"
+
+
+def test_float64_weights_get_float32_scales(generator):
+    w = torch.randn(8, 128, generator=generator, dtype=torch.float64)
+    qw = w4a16.quantize(w, group_size=64, symmetric=False)
+    assert qw.scales.dtype == torch.float32
+    err = (w4a16.dequantize(qw) - w.float()).abs().reshape(8, -1, 64)
+    assert (err <= qw.scales.unsqueeze(-1) * 0.5 * (1 + 2**-16)).all()
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_scales_are_rounded_up_to_their_dtype(symmetric, dtype, generator):

@@ -46,6 +46,9 @@ def test_default_gates_file_is_consistent():
     (("greedy_divergence_p = 0.01", "greedy_divergence_p = 1.5"), r"greedy_divergence_p must be .* in \[0, 1\]"),
     (("greedy_divergence_p = 0.01", "greedy_divergence_p = 0.01\nmin_identical = 0.9"), r"unknown setting\(s\)"),
     (("limit = 50", "limit = 0.5"), r"\[tasks.w4a16_arith\] limit must be a positive integer, got 0.5"),
+    # a stored score stands in for a missing fp run: NaN would pass the drop rule, > 1 is not a score
+    (("expected = { gsm8k = 0.855 }", "expected = { gsm8k = nan }"), r"expected.gsm8k must be a finite number"),
+    (("expected = { gsm8k = 0.855 }", "expected = { gsm8k = 85.5 }"), r"expected.gsm8k must be a finite number in \[0, 1\], got 85.5"),
 ])
 def test_bad_gates_file_names_the_problem(tmp_path, change, message):
     text = DEFAULT_GATES.read_text()

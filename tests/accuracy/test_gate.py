@@ -35,6 +35,30 @@ def test_fails_when_kernel_and_reference_differ_by_more_than_one_stderr():
     assert any("kernel 0.4900 vs reference 0.5500" in f for f in v.failures), v.failures
 
 
+def test_a_kernel_far_above_the_reference_fails_too():
+    # Rule 1 is two-sided: a kernel that scores much better than the reference computes something else.
+    v = judge("t", "acc,none", {"fp": score(0.55), "reference": score(0.55), "kernel": score(0.65)}, RULES, 0.5)
+    assert any("kernel 0.6500 vs reference 0.5500: |diff| 0.1000 > 0.0500" in f for f in v.failures), v.failures
+
+
+def test_the_allowed_difference_is_the_references_stderr():
+    scores = {"fp": score(0.55), "reference": score(0.55, 0.02), "kernel": score(0.51, 0.10)}
+    v = judge("t", "acc,none", scores, RULES, 0.5)
+    assert any("|diff| 0.0400 > 0.0200" in f for f in v.failures), v.failures
+
+
+def test_kernel_and_reference_over_different_sample_counts_fail():
+    kernel = Score(0.55, 0.05, N - 1, tuple(range(N - 1)))
+    v = judge("t", "acc,none", {"fp": score(0.55), "reference": score(0.55), "kernel": kernel}, RULES, 0.5)
+    assert f"kernel scored {N - 1} samples, reference {N}" in v.failures
+
+
+def test_a_measured_fp_score_is_preferred_to_the_stored_expected_one():
+    scores = {"fp": score(0.90), "reference": score(0.80), "kernel": score(0.80)}
+    v = judge("t", "acc,none", scores, RULES, 0.05, expected=0.80)
+    assert any("dropped 0.1000 below fp 0.9000" in f for f in v.failures), v.failures
+
+
 def test_kernel_within_one_stderr_passes():
     v = judge("t", "acc,none", {"fp": score(0.55),
         "reference": score(0.55, 0.05), "kernel": score(0.51, 0.05)}, RULES, 0.1)
