@@ -358,6 +358,12 @@ def test_compare_bounds_the_drift_of_a_chain_of_passing_saves(tmp_path, monkeypa
     assert round_at(1.09**2 * 1.05) == (0, "0004_quick.json")
     assert [run.path.name for run in results.baseline_chain(storage, "quick", "NVIDIA H200")] == [
         "0003_quick.json", "0004_quick.json"]
+    # Another GPU's runs of the arch, stored between them, are no link of this GPU's chain, nor its end.
+    _write_run(storage / "machine" / "0005_quick.json", "2026-01-04T00:00:00", quick, gpu="NVIDIA H100 80GB HBM3")
+    assert [run.path.name for run in results.baseline_chain(storage, "quick", "NVIDIA H200")] == [
+        "0003_quick.json", "0004_quick.json"]
+    assert [run.path.name for run in results.baseline_chain(storage, "quick", "NVIDIA H100 80GB HBM3")] == [
+        "0005_quick.json"]
 
 
 @pytest.mark.parametrize("again_factors, status", [((1.0,), 0), ((1.5, 1.02), 0), ((1.5, 1.5), 1)])

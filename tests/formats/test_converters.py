@@ -153,6 +153,10 @@ def _awq_parts(k=128, n=16, g=64):
         (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
                                                  (16, 128), weight_g_idx=torch.arange(128).flip(0) // 64),
          ValueError, "act-order"),
+        # sorted, but groups of 63 and 65 columns: only k // G is the layout's grouping
+        (lambda: formats.from_gptq(torch.zeros(16, 16, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32),
+                                   torch.ones(2, 16).half(), 64, g_idx=(torch.arange(128) >= 63).long()),
+         ValueError, "act-order"),
         (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
                                                  (16, 127)), ValueError, "K=127 must be a multiple of 8"),
         (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),

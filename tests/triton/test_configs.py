@@ -201,6 +201,15 @@ def test_a_merged_retune_of_the_large_buckets_re_derives_the_dequant_blas_crosso
     # Not every bucket from 256 up re-tuned: the crossovers stay the old table's.
     table, _ = merge_tables(base, build_table([r for r in results if r["m"] == 256]), [256])
     assert table["dequant_blas_min_m"] == 512 and table["dequant_blas_overrides"] == base["dequant_blas_overrides"]
+    # Nor where the re-tuned buckets leave a gap (256 between 64 and 1024).
+    gapped = [{**r, "m": 64} for r in results if r["m"] == 256] + [r for r in results if r["m"] == 1024]
+    table, _ = merge_tables(base, build_table(gapped), [64, 1024])
+    assert table["dequant_blas_min_m"] == 512 and table["dequant_blas_overrides"] == base["dequant_blas_overrides"]
+    # A re-tune in which dequant_blas never wins says so, whatever the old table said.
+    slower = [{**r, "dequant_blas_us": 2 * fused[r["m"]]} for r in results]
+    table, _ = merge_tables(base, build_table(slower), [256, 512, 1024])
+    assert table["dequant_blas_min_m"] is None
+    assert table["dequant_blas_overrides"] == [], "an old crossover below 256 needed wins at 256 too"
 
 
 def test_the_tuner_times_its_finalists_in_turn_and_keeps_the_medians():
