@@ -557,6 +557,22 @@ def test_compare_missing_case_of_ours_fails(tmp_path):
     assert results.compare(cur, base, 0.10, expected=list(cur.records)).ok
 
 
+def test_only_ours_gate_what_is_missing_or_new(tmp_path):
+    """A peer case asked for but not measured, or measured but not in the baseline, is information; a run in which
+    only peers compared gates nothing and so fails."""
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    without_tinygemm = [b for b in BASE if b["extra_info"]["backend"] != "tinygemm"]
+    new_peer = _bench("llama3.1-8b", "o", 256, "tinygemm", 900.0)
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02", [*without_tinygemm, new_peer]))
+    comparison = results.compare(cur, base, 0.10, expected=list(base.records))
+    assert comparison.ok and not comparison.missing and not comparison.unbaselined, comparison.report()
+    peers_only = [b for b in BASE if b["extra_info"]["backend"] in ("torch_bf16", "tinygemm")]
+    peers = results.load_run(_write_run(tmp_path / "peers.json", "2026-01-02", peers_only))
+    comparison = results.compare(peers, results.load_run(_write_run(tmp_path / "b2.json", "2026-01-01", peers_only)),
+                                 0.10)
+    assert comparison.changes and not comparison.ok
+
+
 @pytest.mark.parametrize("text, value", [("10%", 0.10), ("2.5%", 0.025), ("0.05", 0.05), (0.2, 0.2)])
 def test_parse_threshold(text, value):
     assert results.parse_threshold(text) == pytest.approx(value)

@@ -212,3 +212,30 @@ def test_a_score_over_fewer_samples_than_asked_for_fails():
     assert judge("t", "m", scores, RULES, 0.1, samples=N).passed
     v = judge("t", "m", scores, RULES, 0.1, samples=N + 1)
     assert v.failures == [f"scored fewer samples than the {N + 1} asked for: fp {N}, reference {N}, kernel {N}"]
+
+
+def test_greedy_outputs_take_each_docs_most_likely_choice_or_its_text():
+    from w4a16.accuracy.harness import greedy_outputs
+
+    samples = [
+        {"doc_id": 1, "resps": [[(-1.0, False)], [(-0.2, True)], [(-3.0, False)]]},
+        {"doc_id": 0, "resps": [[(-0.5, True)], [(-2.0, False)]]},
+        {"doc_id": 1, "resps": [[(-9.0, False)], [(-9.0, False)], [(-0.1, True)]]},  # another filter's entry
+        {"doc_id": 2, "resps": [["4 + 4 = 8"]]},
+    ]
+    assert greedy_outputs(samples) == (0, 1, "4 + 4 = 8")
+
+
+def test_a_score_counts_the_samples_scored_not_those_asked_for(monkeypatch, tmp_path):
+    """The short-sample rule of judge() reads Score.n: it must be what lm-eval scored."""
+    import lm_eval
+
+    from w4a16.accuracy.config import TaskSpec
+    from w4a16.accuracy.harness import evaluate
+
+    task = TaskSpec("t", "acc,none", limit=5)
+    scored = [{"doc_id": d, "resps": [[(-1.0, False)], [(-0.5, True)]]} for d in range(3)]
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kwargs: {
+        "results": {"t": {"acc,none": 0.5, "acc_stderr,none": 0.1}}, "samples": {"t": scored}})
+    result = evaluate(None, task, None, None, tmp_path)
+    assert (result.value, result.stderr, result.n, result.greedy) == (0.5, 0.1, 3, (1, 1, 1))
