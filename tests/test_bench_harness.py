@@ -557,6 +557,16 @@ def test_compare_missing_case_of_ours_fails(tmp_path):
     assert results.compare(cur, base, 0.10, expected=list(cur.records)).ok
 
 
+def test_the_chain_holds_ours_geometric_mean_to_the_threshold():
+    key = ("llama3.1-8b", "o", 4096, 4096, 1, "auto")
+    changes = [results.Change(key, 1.0, 1.0, 1.0), results.Change(key[:-1] + ("skinny",), 1.0, 1.44, 1.0),
+               results.Change(key[:-1] + ("torch_bf16",), 1.0, 3.0)]  # a peer: not in ours' mean
+    comparison = results.Comparison(0.20, changes)
+    assert comparison.relative_mean() == pytest.approx(1.2)  # sqrt(1.44), not the arithmetic 1.22
+    comparison.chain = [("0001_quick.json", 1.2), ("0002_quick.json", 1.2 + 1e-9)]
+    assert comparison.drifted == [("0002_quick.json", 1.2 + 1e-9)]
+
+
 def test_only_ours_gate_what_is_missing_or_new(tmp_path):
     """A peer case asked for but not measured, or measured but not in the baseline, is information; a run in which
     only peers compared gates nothing and so fails."""
