@@ -319,3 +319,14 @@ def test_every_table_on_disk_is_a_shipped_arch():
     ship unchecked."""
     on_disk = {path.stem for path in configs.CONFIG_DIR.glob("*.json")}
     assert on_disk == {*SHIPPED_ARCHS, configs.GENERIC}
+
+
+def test_a_buckets_config_is_the_best_geometric_mean_of_its_ratios_to_each_shapes_best():
+    """A config twice as slow on one shape and best on the other (geometric mean 1.41) beats one 1.45x slower on
+    both; an arithmetic mean (1.5 against 1.45) would pick the other."""
+    from w4a16.triton.tune import build_table
+
+    a, b, only_1, only_2 = ({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": 64, "num_warps": 4} for bn in (32, 64, 128, 256))
+    results = [{"n": 8, "k": 64, "m": 16, "configs": [(a, 10.0), (b, 14.5), (only_1, 10.0)], "dequant_blas_us": 99.0},
+               {"n": 16, "k": 64, "m": 16, "configs": [(a, 20.0), (b, 14.5), (only_2, 10.0)], "dequant_blas_us": 99.0}]
+    assert build_table(results)["buckets"][0]["rules"][0]["config"] == a
