@@ -212,6 +212,9 @@ def test_a_score_over_fewer_samples_than_asked_for_fails():
     assert judge("t", "m", scores, RULES, 0.1, samples=N).passed
     v = judge("t", "m", scores, RULES, 0.1, samples=N + 1)
     assert v.failures == [f"scored fewer samples than the {N + 1} asked for: fp {N}, reference {N}, kernel {N}"]
+    v = judge("t", "m", {**scores, "control": score(0.6)}, RULES, 0.1, samples=N + 1)
+    assert v.failures == [f"scored fewer samples than the {N + 1} asked for: fp {N}, reference {N}, control {N}, "
+                          f"kernel {N}"]
 
 
 def test_greedy_outputs_take_each_docs_most_likely_choice_or_its_text():
