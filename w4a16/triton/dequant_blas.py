@@ -54,15 +54,22 @@ def w4a16_dequant_kernel(
     tl.store(w_ptr + offs_n[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :], w, mask=mask_n[:, None])
 
 
+def _k_tile(qw) -> int:
+    """The dequantization kernel's K tile (one group, at most 128); its K tiles are the grid's y extent."""
+    block_k = min(128, qw.group_size)
+    if qw.k // block_k > GRID_YZ_MAX:
+        raise ValueError(f"K={qw.k} with group_size={qw.group_size} makes {qw.k // block_k} K tiles of {block_k}, "
+                         f"past the {GRID_YZ_MAX} a launch grid's y extent allows: too large for the dequantization "
+                         "kernel")
+    return block_k
+
+
 def dequantize_into(qw, out: torch.Tensor, tile_elements: int = TILE_ELEMENTS, num_warps: int = 8) -> torch.Tensor:
     """Write dequant(W) into `out` ([N, K], fp16/bf16, contiguous) on the GPU; returns `out`."""
     n, k = qw.n, qw.k
-    block_k = min(128, qw.group_size)
+    block_k = _k_tile(qw)
     block_n = max(1, tile_elements // block_k)
     grid = (triton.cdiv(n, block_n), k // block_k)
-    if grid[1] > GRID_YZ_MAX:
-        raise ValueError(f"K={k} with group_size={qw.group_size} makes {grid[1]} K tiles of {block_k}, past the "
-                         f"{GRID_YZ_MAX} a launch grid's y extent allows: too large for the dequantization kernel")
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
     w4a16_dequant_kernel[grid](
         qw.qweight, qw.scales, zeros, out, n, k,
@@ -91,6 +98,7 @@ def release_workspaces() -> None:
 
 
 def launch_dequant_blas(x2d: torch.Tensor, qw, bias: torch.Tensor | None) -> torch.Tensor:
+    _k_tile(qw)  # refused before the workspace grows to N * K for it
     w = dequantize_into(qw, workspace(x2d.device, x2d.dtype, qw.n, qw.k))
     # Outside autograd: a graph saving `w` would hold a view of the shared workspace, which the next call overwrites
     # through a raw pointer (no version bump), so a later backward would use another layer's weight. Gradients come
