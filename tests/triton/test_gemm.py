@@ -185,8 +185,12 @@ def test_dequant_blas_refuses_k_tiles_past_the_grid_limit(generator):
     k = 32 * (GRID_YZ_MAX + 1)  # one 32-wide K tile more than a grid's y extent holds
     qw = random_weight(1, k, 32, True, torch.float16, DEVICE, generator)
     x = random_activation(1, k, torch.float16, DEVICE, generator)
+    from w4a16.triton import dequant_blas
+
+    before = {key: flat.numel() for key, flat in dequant_blas._WORKSPACES.items()}
     with pytest.raises(ValueError, match=rf"K={k} with group_size=32 makes {GRID_YZ_MAX + 1} K tiles of 32"):
         dequant_blas_gemm(x, qw)
+    assert {key: flat.numel() for key, flat in dequant_blas._WORKSPACES.items()} == before, "no workspace for it"
 
 
 @pytest.mark.parametrize("route", [triton_gemm, dequant_blas_gemm], ids=["triton", "dequant_blas"])
