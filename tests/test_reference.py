@@ -97,7 +97,8 @@ def test_random_weight_puts_every_value_in_play(symmetric, generator):
     qw = random_weight(64, 512, 32, symmetric, torch.float16, generator=generator)
     assert set(w4a16.unpack_int4(qw.qweight).unique().tolist()) == set(range(16))
     assert (qw.scales.double().std(dim=1) > 0).all(), "scales vary within every row"
-    assert (qw.scales > 0).all()
+    assert (qw.scales != 0).all()
+    assert (qw.scales > 0).any() and (qw.scales < 0).any(), "scales of both signs"
     if not symmetric:
         assert set(qw.zeros.unique().tolist()) == set(range(16))
         assert (qw.zeros.double().std(dim=1) > 0).all(), "zero points vary within every row"

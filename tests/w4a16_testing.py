@@ -46,10 +46,12 @@ def require_module(name: str, reason: str):
 
 def random_weight(n: int, k: int, group_size: int, symmetric: bool, dtype: torch.dtype, device="cpu",
                   generator: torch.Generator | None = None) -> w4a16.QuantizedWeight:
-    """A random QuantizedWeight with every nibble and zero-point value in play and no zero scales."""
+    """A random QuantizedWeight with every nibble and zero-point value in play, and scales of both signs, none
+    zero (no format forbids a negative scale, and a kernel that took a scale's magnitude would be wrong)."""
     q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.int32)
     groups = k // group_size
-    scales = (torch.rand(n, groups, generator=generator) * 0.02 + 0.002).to(dtype)
+    sign = torch.randint(0, 2, (n, groups), generator=generator) * 2 - 1
+    scales = ((torch.rand(n, groups, generator=generator) * 0.02 + 0.002) * sign).to(dtype)
     zeros = None if symmetric else torch.randint(0, 16, (n, groups), generator=generator, dtype=torch.uint8)
     return w4a16.QuantizedWeight(w4a16.pack_int4(q), scales, zeros, group_size).to(device)
 
