@@ -158,3 +158,107 @@ def test_accuracy_command_runs_the_float64_control_when_asked(model_dir, tmp_pat
     for result in json.loads((tmp_path / "tiny-llama.json").read_text())["results"]:
         assert result["scores"]["control"]["n"] == 2
         assert 0.0 <= result["control_identical_greedy"] <= 1.0
+
+
+# In-process runs of the command with every model load and lm-eval evaluation faked: the command's own flow (which
+# sample count it asks the gate for, how it combines the models' verdicts into the exit status), in a second each.
+
+def _two_model_gates(path, tolerances):
+    """A gates file with one fp model per entry of `tolerances` (name -> tolerance), in that order in the suite."""
+    tasks = REGRESSION_DIR / "tasks"
+    models = "".join(f"""
+[models.{name}]
+source = "path"
+path = "/nonexistent/{name}"
+format = "fp"
+quantize = [{{ group_size = 32, symmetric = true }}]
+tasks = ["w4a16_arith", "w4a16_facts"]
+tolerance = {{ w4a16_arith = {tolerance}, w4a16_facts = {tolerance} }}
+""" for name, tolerance in tolerances.items())
+    path.write_text(f"""
+default_suite = "all"
+[tasks.w4a16_arith]
+yaml = "{tasks / 'w4a16_arith.yaml'}"
+metric = "exact_match,strict-match"
+limit = 3
+[tasks.w4a16_facts]
+yaml = "{tasks / 'w4a16_facts.yaml'}"
+metric = "acc,none"
+limit = 4
+{models}
+[suites]
+all = {json.dumps(list(tolerances))}
+""")
+    return path
+
+
+@pytest.fixture
+def fake_eval(monkeypatch):
+    """Fakes every load and evaluation `python -m w4a16 accuracy` does; returns {"n": ...}: how many samples each
+    faked evaluation scores (None: what it was asked for, --limit or the task's limit). Every variant scores the
+    same, so only the tolerance and the sample-count rules can fail."""
+    from w4a16 import models
+    from w4a16.accuracy import cli, harness, loading
+    from w4a16.accuracy.gate import Score
+
+    # The command setdefault()s these: set here (to what it would set), they are restored after the test.
+    for name, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                        "TOKENIZERS_PARALLELISM": "false"}.items():
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    settings = {"n": None}
+
+    def evaluate(lm, task, manager, limit, root):
+        n = settings["n"] or limit or task.limit
+        return Score(0.5, 0.1, n, tuple(range(n)))
+
+    monkeypatch.setattr(harness, "evaluate", evaluate)
+    monkeypatch.setattr(harness, "task_manager", lambda task_dirs: None)
+    monkeypatch.setattr(harness, "wrap", lambda model, tokenizer, batch_size: model)
+    monkeypatch.setattr(loading, "load_tokenizer", lambda spec: None)
+    monkeypatch.setattr(loading, "load_fp", lambda spec, device, dtype: torch.nn.Identity())
+    monkeypatch.setattr(loading, "quantized_variants",
+                        lambda spec, fp_model, device, dtype: [(q, torch.nn.Identity()) for q in spec.quantize])
+    monkeypatch.setattr(models, "set_backend", lambda model, backend: 0)
+    monkeypatch.setattr(cli, "_machine", lambda device, dtype: {
+        "arch": "cpu", "device": "cpu", "dtype": "float32", "kernel_rule": "fake"})
+    return settings
+
+
+def _run_in_process(*argv):
+    import argparse
+
+    from w4a16.accuracy import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args([*argv, "--device", "cpu"]))
+
+
+@pytest.mark.parametrize(("limit_args", "asked"), [
+    (("--limit", "5"), 5),  # --limit, above the task's own 3
+    ((), 3),  # no --limit: the task's own limit
+])
+def test_the_gate_checks_the_sample_count_the_run_asked_for(fake_eval, tmp_path, capsys, limit_args, asked):
+    """judge() fails a score over fewer samples than asked for; the command must tell it the count it asked lm-eval
+    for: --limit when given, else the task's own limit (and not, say, the task's limit under a --limit)."""
+    gates = _two_model_gates(tmp_path / "gates.toml", {"tiny": 1.0})
+    argv = ("--gates", str(gates), "--out", str(tmp_path), "--tasks", "w4a16_arith", *limit_args)
+    fake_eval["n"] = asked  # every sample asked for was scored: the gate passes
+    assert _run_in_process(*argv) == 0, capsys.readouterr().out[-3000:]
+    fake_eval["n"] = asked - 1  # one sample short (a short dataset, say) in every column
+    status, out = _run_in_process(*argv), capsys.readouterr().out
+    assert status == 1, f"{asked - 1} samples scored of {asked} asked for, yet the gate passed:\n{out[-3000:]}"
+    failure = f"scored fewer samples than the {asked} asked for: fp {asked - 1}, reference {asked - 1}, kernel {asked - 1}"
+    assert f"FAIL tiny g32-sym w4a16_arith: {failure}" in out, out[-3000:]
+    report = json.loads((tmp_path / "tiny.json").read_text())
+    assert [r["failures"] for r in report["results"]] == [[failure]]
+
+
+def test_a_failing_model_fails_the_run_whatever_the_models_after_it_do(fake_eval, tmp_path, capsys):
+    # A negative tolerance demands a gain over fp no equal score gives: the first model fails, the second passes.
+    gates = _two_model_gates(tmp_path / "gates.toml", {"first": -0.5, "second": 1.0})
+    status, out = _run_in_process("--gates", str(gates), "--out", str(tmp_path)), capsys.readouterr().out
+    passed = {name: json.loads((tmp_path / f"{name}.json").read_text())["passed"] for name in ("first", "second")}
+    assert passed == {"first": False, "second": True}, out[-3000:]
+    assert status == 1, f"the first model failed, the second passed, and the run exited {status}:\n{out[-3000:]}"
+    assert "accuracy gate: FAILED" in out, out[-3000:]

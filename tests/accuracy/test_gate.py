@@ -242,3 +242,20 @@ def test_a_score_counts_the_samples_scored_not_those_asked_for(monkeypatch, tmp_
         "results": {"t": {"acc,none": 0.5, "acc_stderr,none": 0.1}}, "samples": {"t": scored}})
     result = evaluate(None, task, None, None, tmp_path)
     assert (result.value, result.stderr, result.n, result.greedy) == (0.5, 0.1, 3, (1, 1, 1))
+
+
+def test_a_p_value_exactly_at_greedy_divergence_p_passes_the_kernel():
+    """The kernel fails only when p is *below* greedy_divergence_p (gates.toml: "with probability below
+    greedy_divergence_p"; README: "p < 0.01"): p equal to it passes, the next smaller p fails. The sign test's p is
+    a dyadic fraction, so a threshold of 1/64 is hit exactly: 6 samples the kernel alone leaves give p = 2**-6."""
+    rules = GateRules(kernel_vs_reference_stderrs=1.0, min_identical_greedy=0.95, greedy_divergence_p=1 / 64)
+    reference = score(0.5).greedy
+    for left, p, passes in ((6, 1 / 64, True), (7, 1 / 128, False)):
+        kernel = _leaving(range(left))  # below min_identical_greedy (94%, 93%): the sign test decides
+        assert greedy_divergence_p(reference, kernel, reference) == (left, 0, p)
+        v = judge("t", "m", {"fp": score(0.5), "reference": score(0.5), "control": score(0.5),
+                             "kernel": score(0.5, greedy=kernel)}, rules, 0.1)
+        assert v.identical < rules.min_identical_greedy and v.control_identical == 1.0
+        assert v.passed is passes, (f"kernel alone leaving {left} samples gives p = {p} against "
+                                    f"greedy_divergence_p = {rules.greedy_divergence_p}: expected "
+                                    f"{'a pass' if passes else 'a failure'}, got {v.failures}")
