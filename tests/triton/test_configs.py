@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 
 import pytest
@@ -245,6 +246,60 @@ def test_configs_not_timed_again_are_moved_to_the_re_timing_clock():
     assert best == "config 0", timed
     assert timed[-1][1] == pytest.approx(10.4 * 1.08)
     assert [us for _, us in timed[:tune.FINALISTS]] == [final[cfg] for cfg, _ in sweep[:tune.FINALISTS]]
+
+
+def test_the_finalists_are_the_configs_within_the_margin_of_the_best_inclusive():
+    """A config at exactly FINALIST_MARGIN times the best is timed again, one a hair slower is not; the best is
+    found wherever the sweep timed it. The sweep's own drift (the same config 348.7 and 379.4 µs, PERF.md) is
+    within the margin."""
+    from w4a16.triton import tune
+
+    best = 348.7
+    edge = tune.FINALIST_MARGIN * best
+    sweep = [("past the margin", math.nextafter(edge, math.inf)), ("at the margin", edge), ("drifted", 379.4),
+             ("best", best)]
+    assert tune._finalists(sweep) == ["best", "drifted", "at the margin"]
+
+
+def test_at_most_FINALISTS_configs_are_timed_again():
+    from w4a16.triton import tune
+
+    sweep = [(f"config {i}", 100.0 + i) for i in reversed(range(tune.FINALISTS + 2))]  # all within the margin
+    assert tune._finalists(sweep) == [f"config {i}" for i in range(tune.FINALISTS)]
+
+
+def test_the_re_timing_constants_are_those_the_shipped_table_says_it_was_made_with(tmp_path, monkeypatch):
+    """The sm_90 table's meta says how many finalists within which margin were timed again, in how many rounds, and
+    the override gain: the tuner's constants must still be those (PERF.md: at most 4, within 10%, three rounds)."""
+    from w4a16.triton.tune import write_table
+
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *args: "NVIDIA H200")
+    path = tmp_path / "sm_90.json"
+    write_table("sm_90", {"buckets": []}, path)
+    written = json.loads(path.read_text())["meta"]["how"]
+    shipped = load_table("sm_90").meta["how"]
+    assert written[written.index("per case"):] == shipped[shipped.index("per case"):]
+
+
+def test_the_re_timing_keeps_the_median_of_skewed_rounds():
+    """One disturbed round must not move the kept time: of 1, 2, 4 and 100 µs the median is 3, where a mean
+    (26.75), a minimum (1) or the lower or upper middle value (2, 4) would differ."""
+    from w4a16.triton import tune
+
+    rounds = iter([4.0, 100.0, 1.0, 2.0])
+    assert tune._interleaved_medians({"config": lambda: next(rounds)}, 4) == {"config": 3.0}
+
+
+def test_the_drift_applied_to_configs_not_timed_again_is_the_finalists_median():
+    """One finalist disturbed in its re-timing (3x) must not scale every other config: the drift is the median of
+    the finalists' re-timed / swept ratios (1.0, 1.1, 1.2, 3.0: 1.15), not their mean, minimum or an end value."""
+    from w4a16.triton import tune
+
+    sweep = [(f"config {i}", 10.0 + i) for i in range(6)]
+    final = {cfg: us * ratio for (cfg, us), ratio in zip(sweep[:4], [3.0, 1.1, 1.0, 1.2], strict=True)}
+    timed = dict(tune._on_final_clock(sweep, final))
+    assert timed["config 4"] == pytest.approx(14.0 * 1.15) and timed["config 5"] == pytest.approx(15.0 * 1.15)
+    assert tune._on_final_clock(sweep, {}) == sweep, "nothing re-timed: the sweep times stand"
 
 
 def test_a_merge_keeps_the_old_buckets_as_the_old_table_read_them(tmp_path, monkeypatch):
