@@ -251,6 +251,16 @@ def test_compare_within_threshold_passes(tmp_path):
     assert "compare: PASS" in comparison.report()
 
 
+@pytest.mark.parametrize("slowdown, passes", [(1.099, True), (1.101, False)])
+def test_compare_gates_at_ten_percent_by_default(tmp_path, slowdown, passes):
+    """compare() without a threshold gates at the README's default, 10% relative to the anchor."""
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00",
+                                      _scaled(BASE, slowdown, catalogue.OURS)))
+    comparison = results.compare(cur, base)
+    assert comparison.ok == passes, f"ours {slowdown - 1:+.1%} relative to the anchor:\n{comparison.report()}"
+
+
 def test_compare_regression_of_ours_fails(tmp_path):
     base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
     cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00", _scaled(BASE, 1.2, {"skinny"})))
@@ -263,7 +273,8 @@ def test_compare_regression_of_ours_fails(tmp_path):
     moved = results.load_run(_write_run(tmp_path / "moved.json", "2026-01-02T00:00:00",
                                         _scaled(_scaled(BASE, 1.2, {"skinny"}), 1.07, {"torch_bf16"})))
     [line] = [ln for ln in results.compare(moved, base, 0.10).report().splitlines() if "+20.0%" in ln]
-    assert line.endswith("(+20.0%), +12.1% relative to torch_bf16; peers here: torch_bf16 +7.0%, tinygemm +0.0%")
+    assert line.endswith("(+20.0%), +12.1% relative to torch_bf16 (which moved +7.0%, the median of its 1 decode "
+                         "case); peers here: torch_bf16 +7.0%, tinygemm +0.0%")
     # a looser threshold lets the same runs pass
     assert results.compare(cur, base, 0.25).ok
 
@@ -439,6 +450,28 @@ def test_a_measurement_again_that_lacks_a_backend_does_not_replace_the_first(tmp
     assert [c.key[-1] for c in comparison.failures] == ["skinny"]
 
 
+def test_a_measurement_again_replaces_the_first_where_its_worst_change_of_ours_is_smaller(tmp_path):
+    """keep_better: per shape, the worst change of ours relative to the anchor decides, down to changes below the
+    baseline's; a first measurement in which nothing of ours compared is replaced by a complete one."""
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    shape = ("llama3.1-8b", "o", 4096, 4096, 1, "bf16", 128, True)
+    m1 = [b for b in BASE if b["extra_info"]["M"] == 1]
+    first = _write_run(tmp_path / "first.json", "2026-01-02T00:00:00",
+                       _scaled(_scaled(BASE, 1.5, {"auto"}), 1.2, {"skinny"}))
+    again = _write_run(tmp_path / "again.json", "2026-01-02T00:01:00",
+                       _scaled(_scaled(m1, 0.9, {"auto"}), 0.95, {"skinny"}))
+    assert results.keep_better(first, again, base, 0.10, {shape}) == [
+        "  llama3.1-8b o N=4096 K=4096 M=1 bf16 g128 sym: worst change of ours relative to the anchor +50.0%, "
+        "then -5.0% (the second kept)"]
+    kept = results.load_run(first)
+    assert kept.records[(*shape, "auto")].seconds == pytest.approx(9e-6), "the second measurement's time"
+    assert len(kept.records) == len(BASE), "the other shapes' benchmarks stay the first run's"
+    nothing_of_ours = [b for b in BASE if b["extra_info"]["M"] != 1 or b["extra_info"]["backend"] not in catalogue.OURS]
+    first = _write_run(tmp_path / "first2.json", "2026-01-02T00:00:00", nothing_of_ours)
+    [line] = results.keep_better(first, again, base, 0.10, {shape})
+    assert line.endswith("then -5.0% (the second kept)"), line
+
+
 def test_the_report_says_what_software_changed_under_the_anchor(tmp_path):
     def run(name, torch_version):
         path = _write_run(tmp_path / name, "2026-01-01T00:00:00", BASE)
@@ -453,8 +486,8 @@ def test_the_report_says_what_software_changed_under_the_anchor(tmp_path):
     assert "software changed" not in results.compare(run("c.json", "2.11.0"), run("d.json", "2.11.0")).report()
 
 
-def test_a_case_without_its_own_anchor_is_measured_against_the_nearest_m(tmp_path):
-    # the peers are timed at fewer M than ours: M = 2 and 3 of ours against torch at M = 1 (and M = 256's own)
+def test_a_case_without_its_own_anchor_is_measured_against_its_phase(tmp_path):
+    # the peers are timed at fewer M than ours: M = 2 and 3 of ours have no torch case of their own
     extra = [_bench("llama3.1-8b", "o", 2, "auto", 11.0), _bench("llama3.1-8b", "o", 3, "auto", 12.0)]
     base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE + extra))
     everything_slower = _scaled(BASE + extra, 1.3, {"auto", "skinny", "torch_bf16", "tinygemm"})
@@ -462,12 +495,78 @@ def test_a_case_without_its_own_anchor_is_measured_against_the_nearest_m(tmp_pat
                                  base, 0.10)
     assert comparison.ok, comparison.report()  # a machine-wide drift, not a regression
     m3 = next(c for c in comparison.changes if c.key[4] == 3 and c.key[-1] == "auto")
-    assert m3.anchor_m == 1 and m3.relative_ratio == pytest.approx(1.0)
+    assert (m3.anchor_ratio, m3.anchor_cases) == (pytest.approx(1.3), 1) and m3.relative_ratio == pytest.approx(1.0)
     ours_slower = _scaled(BASE + extra, 1.3, {"auto"})
     comparison = results.compare(results.load_run(_write_run(tmp_path / "d.json", "2026-01-02", ours_slower)),
                                  base, 0.10)
     assert sorted(c.key[4] for c in comparison.failures) == [1, 2, 3, 256]
-    assert "+30.0% relative to torch_bf16 at M=1" in comparison.report()
+    assert "+30.0% relative to torch_bf16 (which moved +0.0%, the median of its 1 decode case)" in comparison.report()
+
+
+def _anchored_run(tmp_path, name, torch_us: dict, ours_us: dict, dtype="bf16"):
+    """A run of torch_<dtype> and auto cases, {(layer, M): µs} each."""
+    benches = ([_bench("llama3.1-8b", layer, m, f"torch_{dtype}", us, dtype=dtype) for (layer, m), us in torch_us.items()]
+               + [_bench("llama3.1-8b", layer, m, "auto", us, dtype=dtype) for (layer, m), us in ours_us.items()])
+    return results.load_run(_write_run(tmp_path / name, "2026-01-01T00:00:00", benches))
+
+
+DECODE_TORCH = {("qkv", 1): 10.0, ("o", 1): 8.0, ("gate_up", 1): 80.0, ("down", 1): 40.0}
+PREFILL_TORCH = {("qkv", 256): 30.0, ("o", 256): 20.0, ("gate_up", 256): 160.0}
+
+
+def test_one_torch_case_that_read_slow_in_the_baseline_does_not_fail_ours(tmp_path):
+    """The anchor is the median over the phase's torch cases: the baseline's torch time of one shape 6% slow and the
+    current one 4% fast (as a stored H100 run and the next had it on gate_up at M = 1) with ours unchanged would read
+    +10.2% against that shape's own torch time, and passes."""
+    ours = {("gate_up", 1): 31.0, ("down", 1): 20.0}
+    base = _anchored_run(tmp_path, "base.json", {**DECODE_TORCH, ("gate_up", 1): 80.0 * 1.06}, ours)
+    current = _anchored_run(tmp_path, "cur.json", {**DECODE_TORCH, ("gate_up", 1): 80.0 * 0.96}, ours)
+    comparison = results.compare(current, base, 0.10)
+    assert comparison.ok, comparison.report()
+    gate_up = next(c for c in comparison.changes if c.key[1] == "gate_up" and c.key[-1] == "auto")
+    assert gate_up.anchor_cases == 4 and gate_up.relative_ratio == pytest.approx(1.0)
+    # ours 11% slower on the same runs fails
+    current = _anchored_run(tmp_path, "slow.json", {**DECODE_TORCH, ("gate_up", 1): 80.0 * 0.96},
+                            {**ours, ("gate_up", 1): 31.0 * 1.11})
+    assert [c.key[1] for c in results.compare(current, base, 0.10).failures] == ["gate_up"]
+
+
+def test_decode_and_prefill_cases_have_anchors_of_their_own_phase(tmp_path):
+    """Decode reads memory and prefill computes, and a clock can move one and not the other: with every decode
+    torch case 20% slower and the prefill ones unchanged, ours 20% slower passes at M = 1 and fails at M = 256."""
+    ours = {("o", 1): 6.0, ("o", 256): 25.0}
+    base = _anchored_run(tmp_path, "base.json", {**DECODE_TORCH, **PREFILL_TORCH}, ours)
+    slower_decode = {key: us * 1.2 for key, us in DECODE_TORCH.items()}
+    current = _anchored_run(tmp_path, "cur.json", {**slower_decode, **PREFILL_TORCH},
+                            {key: us * 1.2 for key, us in ours.items()})
+    comparison = results.compare(current, base, 0.10)
+    assert [c.key[4] for c in comparison.failures] == [256], comparison.report()
+    m1, m256 = sorted((c for c in comparison.changes if c.key[-1] == "auto"), key=lambda c: c.key[4])
+    assert (m1.anchor_ratio, m1.anchor_cases) == (pytest.approx(1.2), 4)
+    assert (m256.anchor_ratio, m256.anchor_cases) == (pytest.approx(1.0), 3)
+
+
+def test_the_anchor_is_the_median_not_the_mean_of_the_phase(tmp_path):
+    """Three decode torch cases unchanged and one 2x slower: the median (1.0) leaves ours unchanged; a mean (1.25)
+    would hide a 20% regression of ours."""
+    ours = {("o", 1): 6.0}
+    base = _anchored_run(tmp_path, "base.json", DECODE_TORCH, ours)
+    current = _anchored_run(tmp_path, "cur.json", {**DECODE_TORCH, ("gate_up", 1): 160.0}, {("o", 1): 6.0 * 1.2})
+    [change] = results.compare(current, base, 0.10).failures
+    assert change.anchor_ratio == pytest.approx(1.0)
+
+
+def test_the_anchor_is_torch_in_the_case_dtype(tmp_path):
+    """An fp16 case of ours is anchored on torch_fp16 alone: bf16's torch 30% slower leaves it unanchored."""
+    fp16_ours = _bench("llama3.1-8b", "o", 1, "auto", 6.0, dtype="fp16")
+    base = _anchored_run(tmp_path, "base.json", DECODE_TORCH, {})
+    current = _anchored_run(tmp_path, "cur.json", {key: us * 1.3 for key, us in DECODE_TORCH.items()}, {})
+    for run, name in ((base, "base16.json"), (current, "cur16.json")):
+        benches = [_bench(*key[:2], key[4], key[-1], r.us) for key, r in run.records.items()] + [fp16_ours]
+        _write_run(tmp_path / name, "2026-01-01T00:00:00", benches)
+    comparison = results.compare(results.load_run(tmp_path / "cur16.json"), results.load_run(tmp_path / "base16.json"))
+    [change] = [c for c in comparison.changes if c.gated]
+    assert change.anchor_ratio is None and change.anchor_cases == 0
 
 
 def test_a_selection_that_measures_nothing_fails_clearly(tmp_path, monkeypatch, capsys):
@@ -711,6 +810,20 @@ def test_cases_timed_at_a_lowered_clock_are_listed(tmp_path):
     assert results.lowered_clock_cases(run)[-1] == "  and 1 case(s) with M > 8, which reach the power cap by themselves"
     run.write_text(json.dumps({"benchmarks": [{"name": "test_gemm[a-M4-auto]", "extra_info": {"rounds": 10}}]}))
     assert results.lowered_clock_cases(run) == []
+
+
+def test_a_lowered_clock_is_one_under_97_percent_of_the_runs_highest_by_default(tmp_path):
+    """The bench lists lowered-clock cases with lowered_clock_cases' default fraction: with 2000 MHz the run's
+    highest clock, a slowed case that fell to 1939 MHz is listed, one that fell to 1940 MHz (97%) is not."""
+    def slowed(name, sm_mhz_min):
+        return {"name": name, "extra_info": {"M": 1, "rounds": 10, "slowed_rounds": 2, "sm_mhz_min": sm_mhz_min,
+                                             "sm_mhz_max": 2000}}
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"benchmarks": [slowed("test_gemm[a-M1-auto]", 1940),
+                                              slowed("test_gemm[a-M1-skinny]", 1939)]}))
+    assert results.lowered_clock_cases(run) == [
+        "  test_gemm[a-M1-skinny]: 2 of 10 rounds slowed, SM 1939-2000 of 2000 MHz"]
 
 
 def test_no_gpu_message(monkeypatch, capsys):

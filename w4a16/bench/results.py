@@ -7,8 +7,14 @@ bench times with `w4a16.bench.timing.device_clock`), so the median of a stored r
 --compare gates our backends (auto, skinny, triton, dequant_blas) against the newest stored baseline of the same
 case set on this arch. Absolute times drift between runs with the machine's clocks (the torch peers moved by up to
 24% between stored runs on the same H200), so a case of ours is measured against the same run's torch matmul in its
-dtype (the anchor): it regresses when its time relative to the anchor grows by more than the threshold. A case
-without an anchor in both runs is gated on its own median. Peers are compared and printed too, but do not gate.
+dtype (the anchor): it regresses when its time relative to the anchor grows by more than the threshold. The anchor's
+change is the median of torch's current / baseline times over every case of the same dtype and phase (decode,
+M <= DECODE_MAX_M, which reads memory; prefill, which computes) that both runs timed, not the one case of the same
+shape and M: one torch case's own noise would pass straight into the gate. On the stored H100 and H200 runs, ours
+relative to that median spread less between runs of unchanged code than relative to the case's own torch time, and a
+baseline whose torch time for one shape had read 6% slow failed the next run of unchanged code by +10.8%. A case
+without an anchor of its phase in both runs is gated on its own median. Peers are compared and printed too, but do
+not gate.
 The comparison fails as well when a case of ours that the baseline has and this run was asked to measure was not
 measured (a kernel that now refuses or skips), when a case of ours was measured that the baseline lacks (nothing
 gates it: store a new baseline), when nothing of ours was compared at all, and when the two runs come from
@@ -26,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -315,7 +322,7 @@ class Change:
     baseline_s: float
     current_s: float
     anchor_ratio: float | None = None  # the anchor's current / baseline time (ours only, where both runs have it)
-    anchor_m: int | None = None  # the M the anchor was timed at: the case's own, or the nearest both runs have
+    anchor_cases: int = 0  # how many torch cases of the case's dtype and phase the anchor is the median of
 
     @property
     def ratio(self) -> float:
@@ -412,8 +419,9 @@ class Comparison:
             return ""
         if change.anchor_ratio is None:
             return ", no anchor: gated on its own median"
-        at = "" if change.anchor_m == change.key[4] else f" at M={change.anchor_m}"
-        return f", {change.relative_ratio - 1:+.1%} relative to {anchor_backend(change.key[5])}{at}"
+        cases = f"{change.anchor_cases} {_phase(change.key[4])} case{'s' if change.anchor_cases > 1 else ''}"
+        return (f", {change.relative_ratio - 1:+.1%} relative to {anchor_backend(change.key[5])} (which moved "
+                f"{change.anchor_ratio - 1:+.1%}, the median of its {cases})")
 
     def _peer_context(self, change: Change) -> str:
         """For a case of ours: how the peers of the same shape and M moved between the two runs. Peers moving too
@@ -425,6 +433,11 @@ class Comparison:
         if not peers:
             return ""
         return "; peers here: " + ", ".join(f"{c.key[-1]} {c.ratio - 1:+.1%}" for c in peers)
+
+
+def _phase(m: int) -> str:
+    """Decode (M <= DECODE_MAX_M: the time is reading the weights) or prefill (the time is computing)."""
+    return "decode" if m <= DECODE_MAX_M else "prefill"
 
 
 def _key_text(key: tuple) -> str:
@@ -441,25 +454,18 @@ def compare(current: Run, baseline: Run, threshold: float = DEFAULT_THRESHOLD,
     result.software = [f"{name} {facts[0][name]} -> {facts[1][name]}" for name in SOFTWARE_FIELDS
                        if facts[0].get(name) and facts[1].get(name) and facts[0][name] != facts[1][name]]
 
-    def anchor(key: tuple) -> tuple[float | None, int | None]:
-        """(the anchor's current / baseline time, its M): at the case's M, or at the nearest M (in log M) where
-        both runs have it, since the peers are timed at fewer M than ours (catalogue.TORCH_M) and a case gated on
-        its raw time would fail on a machine-wide drift alone."""
-        if key[-1] not in OURS:
-            return None, None
-        model, layer, n, k, m, dtype, g, sym, _ = key
-        ratios = []
-        for other in measured_m:
-            anchor = (model, layer, n, k, other, dtype, g, sym, anchor_backend(dtype))
-            base, cur = baseline.records.get(anchor), current.records.get(anchor)
-            if base and cur:
-                ratios.append((abs(math.log(other / m)), other, cur.seconds / base.seconds))
-        if not ratios:
-            return None, None
-        _, anchor_m, ratio = min(ratios)
-        return ratio, anchor_m
+    # The anchors' changes, per (dtype, phase): torch's current / baseline time for every case both runs timed.
+    anchor_changes: dict[tuple[str, str], list[float]] = {}
+    for key, base in baseline.records.items():
+        cur = current.records.get(key)
+        if cur is not None and key[-1] == anchor_backend(key[5]):
+            anchor_changes.setdefault((key[5], _phase(key[4])), []).append(cur.seconds / base.seconds)
 
-    measured_m = sorted({key[4] for key in current.records})
+    def anchor(key: tuple) -> tuple[float | None, int]:
+        """(the median change of the anchors of the case's dtype and phase, how many there are) for a case of
+        ours; (None, 0) for a peer or where there is none."""
+        changes = anchor_changes.get((key[5], _phase(key[4]))) if key[-1] in OURS else None
+        return (statistics.median(changes), len(changes)) if changes else (None, 0)
 
     for key, base in sorted(baseline.records.items()):
         cur = current.records.get(key)
