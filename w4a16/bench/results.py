@@ -10,11 +10,11 @@ case set on this arch. Absolute times drift between runs with the machine's cloc
 dtype (the anchor): it regresses when its time relative to the anchor grows by more than the threshold. The anchor's
 change is the median of torch's current / baseline times over every case of the same dtype and phase (decode,
 M <= DECODE_MAX_M, which reads memory; prefill, which computes) that both runs timed, not the one case of the same
-shape and M: one torch case's own noise would pass straight into the gate. On the stored H100 and H200 runs, ours
-relative to that median spread less between runs of unchanged code than relative to the case's own torch time, and a
-baseline whose torch time for one shape had read 6% slow failed the next run of unchanged code by +10.8%. A case
-without an anchor of its phase in both runs is gated on its own median. Peers are compared and printed too, but do
-not gate.
+shape and M: one torch case's own noise would pass straight into the gate (a baseline whose torch time for one
+shape had read 6% slow failed the next run of unchanged code by +10.8%; over 18 pairs of consecutive stored runs of
+one GPU, ours relative to the median spread less than relative to the case's own torch time in 15). A case without
+an anchor of its phase in both runs is gated on its own median. Peers are compared and printed too, but do not
+gate.
 The comparison fails as well when a case of ours that the baseline has and this run was asked to measure was not
 measured (a kernel that now refuses or skips), when a case of ours was measured that the baseline lacks (nothing
 gates it: store a new baseline), when nothing of ours was compared at all, and when the two runs come from
