@@ -36,13 +36,10 @@ def _tiny_model_dir(path):
     return path
 
 
-def _gates(path, model_dir, tolerance):
+def _task_tables() -> str:
+    """The two embedded tasks, with limits of 3 and 4 samples."""
     tasks = REGRESSION_DIR / "tasks"
-    path.write_text(f"""
-default_suite = "tiny"
-[gate]
-kernel_vs_reference_stderrs = 1.0
-min_identical_greedy = 0.95
+    return f"""
 [tasks.w4a16_arith]
 yaml = "{tasks / 'w4a16_arith.yaml'}"
 metric = "exact_match,strict-match"
@@ -51,7 +48,16 @@ limit = 3
 yaml = "{tasks / 'w4a16_facts.yaml'}"
 metric = "acc,none"
 limit = 4
-[models.tiny-llama]
+"""
+
+
+def _gates(path, model_dir, tolerance):
+    path.write_text(f"""
+default_suite = "tiny"
+[gate]
+kernel_vs_reference_stderrs = 1.0
+min_identical_greedy = 0.95
+{_task_tables()}[models.tiny-llama]
 source = "path"
 path = "{model_dir}"
 format = "fp"
@@ -165,7 +171,6 @@ def test_accuracy_command_runs_the_float64_control_when_asked(model_dir, tmp_pat
 
 def _two_model_gates(path, tolerances):
     """A gates file with one fp model per entry of `tolerances` (name -> tolerance), in that order in the suite."""
-    tasks = REGRESSION_DIR / "tasks"
     models = "".join(f"""
 [models.{name}]
 source = "path"
@@ -177,15 +182,7 @@ tolerance = {{ w4a16_arith = {tolerance}, w4a16_facts = {tolerance} }}
 """ for name, tolerance in tolerances.items())
     path.write_text(f"""
 default_suite = "all"
-[tasks.w4a16_arith]
-yaml = "{tasks / 'w4a16_arith.yaml'}"
-metric = "exact_match,strict-match"
-limit = 3
-[tasks.w4a16_facts]
-yaml = "{tasks / 'w4a16_facts.yaml'}"
-metric = "acc,none"
-limit = 4
-{models}
+{_task_tables()}{models}
 [suites]
 all = {json.dumps(list(tolerances))}
 """)
