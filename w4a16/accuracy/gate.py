@@ -140,7 +140,7 @@ def judge(
                     if p < rules.greedy_divergence_p:
                         verdict.failures.append(
                             f"{below}, and the kernel left the reference's on {kernel_only} samples the control "
-                            f"kept, the control on {control_only} the kernel kept (p = {p:.2g} < "
+                            f"kept, the control on {control_only} the kernel kept (p = {p:.3g} < "
                             f"{rules.greedy_divergence_p:g})"
                         )
 
