@@ -470,6 +470,10 @@ def test_a_measurement_again_replaces_the_first_where_its_worst_change_of_ours_i
     first = _write_run(tmp_path / "first2.json", "2026-01-02T00:00:00", nothing_of_ours)
     [line] = results.keep_better(first, again, base, 0.10, {shape})
     assert line.endswith("then -5.0% (the second kept)"), line
+    # a tie keeps the first: the measurement again replaces it only where it is better
+    tie = _write_run(tmp_path / "tie.json", "2026-01-02T00:00:00", _scaled(BASE, 0.95, {"auto", "skinny"}))
+    [line] = results.keep_better(tie, again, base, 0.10, {shape})
+    assert line.endswith("-5.0%, then -5.0% (the first kept)"), line
 
 
 def test_the_report_says_what_software_changed_under_the_anchor(tmp_path):
