@@ -207,7 +207,8 @@ def describe_rule(device: torch.device | str, dtype: torch.dtype = torch.float16
         parts.append(f"skinny for M <= {r.skinny_max_m} (K*M <= {r.skinny_staging_elements}{shapes})")
     triton, blas = (unavailable_reason(b, device, dtype) is None for b in ("triton", "dequant_blas"))
     if blas and triton:  # as decide(): dequant_blas from its crossover, else the fused kernel
-        apart = f"{len(r.dequant_blas_overrides)} weight shapes tuned apart" if r.dequant_blas_overrides else ""
+        tuned = len(r.dequant_blas_overrides)
+        apart = f"{tuned} weight shape{'s' * (tuned > 1)} tuned apart" if tuned else ""
         if r.dequant_blas_min_m is not None:
             parts.append(f"dequant_blas for M >= {r.dequant_blas_min_m}" + (f" ({apart})" if apart else ""))
         elif apart:
