@@ -14,9 +14,11 @@ ALL = {"skinny": True, "triton": True, "dequant_blas": True}
 RULES = DispatchRules("test", skinny_max_m=5, skinny_staging_elements=5 * 4096, dequant_blas_min_m=1024)
 
 
-@pytest.mark.parametrize(("m", "expected"), [(1, "skinny"), (5, "skinny"), (6, "triton"), (1023, "triton"),
-                                             (1024, "dequant_blas"), (4096, "dequant_blas")])
+@pytest.mark.parametrize(("m", "expected"), [(0, "triton"), (1, "skinny"), (5, "skinny"), (6, "triton"),
+                                             (1023, "triton"), (1024, "dequant_blas"),
+                                             (4096, "dequant_blas")])
 def test_decide_at_the_m_boundaries(m, expected):
+    # M = 0 is below the skinny kernel's 1 <= M (gemm returns early for it; the rule still says so).
     assert decide(m, 4096, 4096, RULES, **ALL) == expected
 
 
@@ -114,6 +116,26 @@ def test_measured_crossover_limits_auto_but_not_a_forced_skinny():
     assert dispatch.rules("gfx1151").skinny_max_m == dispatch.rules("gfx1151").skinny_rows
 
 
+@pytest.mark.parametrize("measured", [3, 10**6])
+def test_rules_cap_a_measured_crossover_at_the_kernel_row_limit(monkeypatch, measured):
+    """dispatch_rules.json can lower "auto"'s skinny_max_m but never raise it past the rows the kernel was
+    built for; forcing the kernel keeps its own row limit either way."""
+    monkeypatch.setattr(dispatch, "_measured_skinny_max_m", lambda: {"sm_90": {"skinny_max_m": measured}})
+    r = dispatch.rules.__wrapped__("sm_90")  # uncached: the patched crossover, not the shipped one
+    kernel_rows = w4a16.skinny.limits("sm_90")[0]
+    assert r.skinny_max_m == min(measured, kernel_rows), (r, measured, kernel_rows)
+    assert r.skinny_rows == kernel_rows, "a measured crossover must not change what forced skinny takes"
+
+
+def test_cpu_rules_offer_no_kernel_route():
+    """The arch name "cpu" (what `arch` says for a CPU device) has no skinny build and no dequant_blas
+    crossover, although `skinny.limits` answers every name, "cpu" included, with at least the generic row."""
+    r = dispatch.rules("cpu")
+    assert (r.skinny_max_m, r.skinny_rows, r.skinny_staging_elements) == (0, 0, 0), r
+    assert r.dequant_blas_min_m is None and not r.dequant_blas_overrides and not r.skinny_max_m_overrides, r
+    assert decide(1, 4096, 128, r, **ALL) == "triton"
+
+
 def test_shape_override_lowers_auto_for_that_weight_only():
     """A weight shape measured apart (dispatch_rules.json "shape_overrides") stops "auto" earlier for that [N, K]
     alone; other shapes with the same K keep the arch's limit, and forcing the skinny kernel still takes it."""
@@ -144,6 +166,29 @@ def test_describe_rule_counts_the_shapes_measured_apart(monkeypatch):
     assert f"skinny for M <= 8 (K*M <= {r.skinny_staging_elements}; {apart} weight shape" in text, text
 
 
+@pytest.mark.parametrize(("r", "expected"), [
+    (DispatchRules("sm_90", 8, 100928, 2048, dequant_blas_overrides={(2560, 4096): 1024, (4096, 4096): None},
+                   skinny_max_m_overrides={(4096, 14336): 6}),
+     "sm_90: skinny for M <= 8 (K*M <= 100928; 1 weight shape measured apart), "
+     "dequant_blas for M >= 2048 (2 weight shapes tuned apart), triton otherwise"),
+    (DispatchRules("sm_90", 5, 20480, 1024, skinny_max_m_overrides={(64, 4096): 2, (128, 4096): 3}),
+     "sm_90: skinny for M <= 5 (K*M <= 20480; 2 weight shapes measured apart), dequant_blas for M >= 1024, "
+     "triton otherwise"),
+    (DispatchRules("sm_90", 0, 0, None, dequant_blas_overrides={(2560, 4096): 1024, (6144, 4096): 4096}),
+     "sm_90: dequant_blas for 2 weight shapes tuned apart, triton otherwise"),
+    (DispatchRules("sm_90", 0, 0, 2048, dequant_blas_overrides={(2560, 4096): 1024}),
+     "sm_90: dequant_blas for M >= 2048 (1 weight shape tuned apart), triton otherwise"),
+])
+def test_describe_rule_text(monkeypatch, r, expected):
+    """The whole line for given rules: singular and plural shape counts, per-shape dequant_blas thresholds
+    with and without an arch-wide one, and no skinny clause where the arch has no skinny kernel."""
+    monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, dtype: None)
+    monkeypatch.setattr(dispatch, "_device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(dispatch, "rules", lambda arch_name: r)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert dispatch.describe_rule("cuda:0", torch.bfloat16) == expected
+
+
 @pytest.mark.parametrize("unavailable", [(), ("triton",), ("dequant_blas",), ("triton", "dequant_blas")])
 def test_describe_rule_names_what_decide_picks_past_the_skinny_kernel(monkeypatch, unavailable):
     """Without the fused kernel, decide() sends every M past the skinny kernel to dequant_blas: the description
@@ -166,6 +211,28 @@ def test_shipped_shape_overrides_are_well_formed():
             assert set(o) == {"n", "k", "skinny_max_m", "measured"}, (arch_name, o)
             assert all(isinstance(o[key], int) and o[key] >= 0 for key in ("n", "k", "skinny_max_m")), o
             assert o["measured"].strip(), o
+
+
+@pytest.mark.parametrize("backend", ["auto", "cublas"])
+def test_unavailable_reason_refuses_auto_and_unknown_backends(backend):
+    # "auto" is no backend that can be available or not: the message lists only the ones that are.
+    with pytest.raises(ValueError, match=rf"backend must be one of \('skinny', .*\), got '{backend}'"):
+        dispatch.unavailable_reason(backend, "cpu", torch.float16)
+
+
+def test_choose_backend_drops_routes_past_their_32_bit_offsets(monkeypatch):
+    """On a GPU (patched: every kernel reported usable, sm_90 rules), choose_backend hands decide() only the
+    routes whose offsets fit the call: the fused kernel bounds M*K, M*N and N*K, dequant_blas only N*K."""
+    monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, dtype: None)
+    monkeypatch.setattr(dispatch, "_device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    r = dispatch.rules("sm_90")
+    assert r.dequant_blas_from(4096, 4096) is None, "sm_90 never sends a [4096, 4096] weight to dequant_blas"
+    assert dispatch.choose_backend(2**18, 4096, 4096, torch.bfloat16, "cuda:0") == "triton"
+    # M*N = 2^31: past the fused kernel, so dequant_blas takes it although its table never would.
+    assert dispatch.choose_backend(2**19, 4096, 4096, torch.bfloat16, "cuda:0") == "dequant_blas"
+    # N*K = 2^32: past both routes, and M = 9 is past the skinny kernel.
+    assert dispatch.choose_backend(r.skinny_max_m + 1, 2**16, 2**16, torch.bfloat16, "cuda:0") == "reference"
 
 
 @pytest.mark.parametrize("m", [1, 5, 6, 128, 2048])
@@ -273,6 +340,14 @@ def test_op_rejects_inconsistent_tensors(generator):
         torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros, 128, None, "auto")
     with pytest.raises(ValueError, match="zeros must be uint8"):
         torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros.to(torch.int32), 64, None, "auto")
+    with pytest.raises(ValueError, match=r"zeros must be uint8 of the scales' shape \(16, 2\), got torch.uint8"):
+        torch.ops.w4a16.gemm(x, qw.qweight, qw.scales, qw.zeros[:, :1].contiguous(), 64, None, "auto")
+    with pytest.raises(ValueError, match=r"qweight must be int32 \[N, K // 8\], got torch.int64 \(16, 16\)"):
+        torch.ops.w4a16.gemm(x, qw.qweight.to(torch.int64), qw.scales, qw.zeros, 64, None, "auto")
+    # K = 96 is no multiple of G = 64, although K // G = 1 matches the scales' one column.
+    with pytest.raises(ValueError, match=r"must have shape \[N, K // G\] = \[16, 1\] for group_size=64"):
+        torch.ops.w4a16.gemm(x[:, :96], qw.qweight[:, :12].contiguous(), qw.scales[:, :1].contiguous(),
+                             qw.zeros[:, :1].contiguous(), 64, None, "auto")
     # The op skips QuantizedWeight's constructor: the group size and the layout are checked here too.
     for group_size in (0, 16, 96):
         with pytest.raises(ValueError, match=rf"group_size must be one of \(32, 64, 128\), got {group_size}"):
@@ -311,10 +386,13 @@ def test_torch_compile_fullgraph(generator):
 
 
 def test_forced_skinny_checks_its_row_and_staging_limits_before_launch(monkeypatch, generator):
-    """With skinny reported usable (patched: no CPU build exists), a call past its limits is refused clearly."""
+    """With skinny reported usable (patched: no CPU build exists), a call past its limits is refused clearly;
+    one within them runs, past "auto"'s own crossover too; an empty x launches nothing and raises nothing."""
     launched = []
     monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, dtype: None)
-    monkeypatch.setattr(dispatch, "rules", lambda arch_name: DispatchRules(arch_name, 5, 5 * 128, None))  # K*M <= 640
+    # "auto" stops at M = 1; the kernel takes M <= 5 with K*M <= 640.
+    monkeypatch.setattr(dispatch, "rules", lambda arch_name: DispatchRules(arch_name, 1, 5 * 128, None,
+                                                                           skinny_kernel_rows=5))
     monkeypatch.setattr(dispatch, "_run", lambda backend, x2d, qw, bias: launched.append(backend) or
                         torch.zeros(x2d.shape[0], qw.n, dtype=x2d.dtype))
     qw = random_weight(16, 256, 128, True, torch.float16, generator=generator)
@@ -322,6 +400,8 @@ def test_forced_skinny_checks_its_row_and_staging_limits_before_launch(monkeypat
         w4a16.gemm(random_activation(6, 256, torch.float16, generator=generator), qw, backend="skinny")
     with pytest.raises(ValueError, match=r"got M=3, K=256 \(K\*M=768\)"):
         w4a16.gemm(random_activation(3, 256, torch.float16, generator=generator), qw, backend="skinny")
+    empty = w4a16.gemm(random_activation(0, 256, torch.float16, generator=generator), qw, backend="skinny")
+    assert empty.shape == (0, 16)
     assert launched == []
     w4a16.gemm(random_activation(2, 256, torch.float16, generator=generator), qw, backend="skinny")
     assert launched == ["skinny"]
