@@ -45,6 +45,24 @@ def test_from_linear_matches_the_reference(group_size, symmetric, with_bias, dty
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
+def test_unloaded_module_is_a_zero_weight_with_every_buffer_on_its_device(symmetric, generator):
+    module = W4A16Linear(128, 8, symmetric=symmetric, dtype=torch.float32)
+    x = torch.randn(3, 128, generator=generator)
+    assert torch.equal(module(x), torch.zeros(3, 8)), "placeholders: every nibble 8, scale 1, zero point 8, bias 0"
+    on_meta = W4A16Linear(128, 8, symmetric=symmetric, device="meta")
+    devices = {name: buffer.device.type for name, buffer in on_meta.named_buffers()}
+    assert devices == dict.fromkeys(["qweight", "scales", "bias"] + ([] if symmetric else ["zeros"]), "meta"), devices
+
+
+def test_constructor_and_from_linear_defaults():
+    module = W4A16Linear(256, 8)
+    assert (module.group_size, module.symmetric, module.bias is not None, module.scales.dtype, module.backend) == (
+        128, True, True, torch.float16, "auto"), repr(module)
+    module = W4A16Linear.from_linear(torch.nn.Linear(256, 8))
+    assert (module.group_size, module.symmetric, module.backend) == (128, True, "auto"), repr(module)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
 def test_state_dict_round_trip(symmetric, generator):
     qw = random_weight(24, 128, 32, symmetric, torch.bfloat16, generator=generator)
     bias = torch.randn(24, generator=generator).bfloat16()
@@ -92,6 +110,22 @@ def test_from_quantized_casts_scales_once(generator):
     assert_matches_reference(module(x), x, qw.to(dtype=torch.float16), bias.half())
 
 
+def test_from_quantized_owns_copies_of_its_buffers_without_a_cast(generator):
+    qw = random_weight(16, 128, 32, False, torch.float16, generator=generator)
+    bias = torch.randn(16, generator=generator).half().requires_grad_()
+    module = W4A16Linear.from_quantized(qw, bias)  # same dtype: no cast that would copy as a side effect
+    for name in ("qweight", "scales", "zeros"):
+        assert getattr(module, name).data_ptr() != getattr(qw, name).data_ptr(), f"{name} aliases the QuantizedWeight"
+    assert module.bias.data_ptr() != bias.data_ptr(), "bias aliases the tensor it was given"
+    assert not module.bias.requires_grad, "the bias buffer is detached from the tensor it was given"
+
+
+def test_from_quantized_puts_the_bias_on_the_weights_device(generator):
+    qw = random_weight(16, 128, 32, True, torch.float16, device="meta", generator=generator)
+    module = W4A16Linear.from_quantized(qw, torch.randn(16, generator=generator))
+    assert module.bias.device.type == "meta" and module.bias.dtype == torch.float16, module.bias
+
+
 def test_module_to_dtype_casts_scales_and_bias_but_not_the_packed_weight(generator):
     qw = random_weight(16, 128, 64, False, torch.float16, generator=generator)
     bias = torch.randn(16, generator=generator).half()
@@ -107,11 +141,13 @@ def test_repr_names_shape_group_format_and_backend(generator):
     module = W4A16Linear.from_quantized(random_weight(48, 256, 64, False, torch.float16, generator=generator))
     text = repr(module)
     for part in ("in_features=256", "out_features=48", "group_size=64", "format=uint4", "backend=auto",
-                 "reference on cpu", "bias=False"):
+                 "reference on cpu", "bias=False", "dtype=torch.float16"):
         assert part in text, text
     module.backend = "reference"
     assert "backend=reference" in repr(module)
     assert "format=uint4b8" in repr(W4A16Linear(128, 8))
+    text = repr(W4A16Linear(128, 8, device="meta"))
+    assert text.endswith("backend=auto)"), f"no rule is named for a module on the meta device: {text}"
 
 
 def test_backend_is_forced_per_module(generator):
@@ -119,13 +155,18 @@ def test_backend_is_forced_per_module(generator):
     module.backend = "skinny"  # no CPU build: the call says why
     with pytest.raises(RuntimeError, match="backend='skinny' is unavailable on cpu"):
         module(torch.randn(1, 128).half())
+    assert W4A16Linear.from_linear(torch.nn.Linear(128, 8), backend="reference").backend == "reference"
 
 
-def test_bad_arguments():
+def test_bad_arguments(generator):
     with pytest.raises(ValueError, match="group_size must be one of"):
         W4A16Linear(128, 8, group_size=16)
     with pytest.raises(ValueError, match="in_features=100 must be a positive multiple of group_size=32"):
         W4A16Linear(100, 8, group_size=32)
+    with pytest.raises(ValueError, match="in_features=0 must be a positive multiple of group_size=128"):
+        W4A16Linear(0, 8)
+    with pytest.raises(ValueError, match="out_features must be positive, got 0"):
+        W4A16Linear(128, 0)
     with pytest.raises(ValueError, match="backend must be one of"):
         W4A16Linear(128, 8, backend="fast")
     with pytest.raises(TypeError, match="symmetric must be True"):
@@ -134,7 +175,7 @@ def test_bad_arguments():
         W4A16Linear.from_linear(torch.nn.Conv1d(1, 1, 1))
     with pytest.raises(ValueError, match="in_features=96 must be a multiple of group_size=128"):
         W4A16Linear.from_linear(torch.nn.Linear(96, 8))
-    with pytest.raises(ValueError, match="meta device"):
+    with pytest.raises(ValueError, match="linear's weight is on the meta device"):
         W4A16Linear.from_linear(torch.nn.Linear(128, 8, device="meta"))
     for group_size in (0, None):
         with pytest.raises(ValueError, match="group_size must be one of"):
@@ -143,6 +184,15 @@ def test_bad_arguments():
         W4A16Linear(128, 8.5)
     with pytest.raises(TypeError, match="in_features must be an int, got 128.0"):
         W4A16Linear(128.0, 8)
+    with pytest.raises(TypeError, match="out_features must be an int, got True"):
+        W4A16Linear(128, True)
+    with pytest.raises(TypeError, match="qw must be a QuantizedWeight, got Tensor"):
+        W4A16Linear.from_quantized(torch.zeros(8, 16, dtype=torch.int32))
+    qw = random_weight(8, 128, 128, True, torch.float16, generator=generator)
+    with pytest.raises(ValueError, match=r"bias must be a tensor of shape \[N\] = \[8\], got \(7,\)"):
+        W4A16Linear.from_quantized(qw, torch.zeros(7))
+    with pytest.raises(ValueError, match=r"bias must be a tensor of shape \[N\] = \[8\], got list"):
+        W4A16Linear.from_quantized(qw, [0.0] * 8)
     module = W4A16Linear(128, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"last dim must equal K=128, got x of shape \(2, 64\)"):
         module(torch.randn(2, 64).half())

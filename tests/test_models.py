@@ -86,6 +86,13 @@ def test_quantize_model_skip_patterns():
     assert isinstance(model.lm_head, W4A16Linear), "an explicit skip list replaces the default"
     assert isinstance(model.model.layers[0].self_attn.q_proj, W4A16Linear)
     assert isinstance(model.model.layers[1].self_attn.q_proj, nn.Linear)
+    # A dotted suffix matches whole name components ("proj" is not "q_proj"); "re:" matches from the start of the
+    # name, as compressed-tensors' ignore lists do; a str is one pattern, not a sequence of characters.
+    for skip, kept in [(("proj", "re:.*self_attn\\.[qk]_"), ("self_attn.q_proj", "self_attn.k_proj")),
+                       ("mlp.up_proj", ("mlp.up_proj",))]:
+        model = quantize_model(tiny_model("llama", seed=3), group_size=64, skip=skip)
+        left = {n for n, m in model.named_modules() if type(m) is nn.Linear}
+        assert left == {f"model.layers.{i}.{suffix}" for i in range(2) for suffix in kept}, (skip, left)
 
 
 def test_quantize_model_names_a_layer_that_cannot_be_grouped():
@@ -188,6 +195,13 @@ def test_quantize_model_refuses_a_tied_lm_head_and_a_bare_linear():
     assert not list(layer.children())
 
 
+def test_quantize_model_defaults_and_backend():
+    model = quantize_model(nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8)))
+    assert [(m.group_size, m.format, m.backend) for m in (model[0], model[2])] == [(128, "uint4b8", "auto")] * 2
+    model = quantize_model(nn.Sequential(nn.Linear(128, 8)), group_size=32, backend="reference")
+    assert model[0].backend == "reference", "quantize_model passes its backend to every layer"
+
+
 def test_set_backend_and_generate():
     model = quantize_model(tiny_model("qwen3", seed=5), group_size=32)
     assert set_backend(model, "reference") == 14
@@ -274,14 +288,16 @@ def test_load_quantized_reproduces_the_model(family, method, symmetric, shards, 
     ids = tokens(8)
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    assert not loaded.training, "load_quantized returns the model in eval mode"
     out = loaded.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 7)
 
 
-def test_load_quantized_casts_to_the_requested_dtype(tmp_path):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, "bfloat16"])
+def test_load_quantized_casts_to_the_requested_dtype(dtype, tmp_path):
     model = quantize_model(tiny_model("llama", seed=9), group_size=32, symmetric=False)
     write_checkpoint(tmp_path, model, "awq")
-    loaded = load_quantized(tmp_path, dtype=torch.bfloat16)
+    loaded = load_quantized(tmp_path, dtype=dtype)
     assert loaded.lm_head.weight.dtype == torch.bfloat16
     layer = loaded.model.layers[0].mlp.down_proj
     assert layer.scales.dtype == torch.bfloat16
@@ -298,17 +314,33 @@ def ct_model():
     return quantize_model(tiny_model("llama", seed=11), group_size=32, symmetric=True)
 
 
+def test_load_quantized_refuses_an_unsupported_dtype(tmp_path, ct_model):
+    write_checkpoint(tmp_path, ct_model, "compressed-tensors")
+    with pytest.raises(ValueError, match=r"dtype must be float16, bfloat16 or float32, got torch\.float64"):
+        load_quantized(tmp_path, dtype=torch.float64)
+
+
 def _refused(tmp_path, model, method, match, tensors=None, quantization=None):
     write_checkpoint(tmp_path, model, method, tensors=tensors, quantization=quantization)
     with pytest.raises(ValueError, match=match):
         load_quantized(tmp_path)
 
 
-def test_missing_quantized_tensor_names_the_layer(tmp_path, ct_model):
-    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
-    del tensors["model.layers.1.mlp.up_proj.weight_scale"]
+@pytest.mark.parametrize(("symmetric", "tensor"), [(True, "weight_scale"), (False, "weight_zero_point")])
+def test_missing_quantized_tensor_names_the_layer(symmetric, tensor, tmp_path):
+    model = quantize_model(tiny_model("llama", seed=11), group_size=32, symmetric=symmetric)
+    tensors = checkpoint_tensors(model, "compressed-tensors")
+    del tensors[f"model.layers.1.mlp.up_proj.{tensor}"]
+    _refused(tmp_path, model, "compressed-tensors", rf"^model\.layers\.1\.mlp\.up_proj: missing tensor\(s\) {tensor}",
+             tensors, quantization=quant_config("compressed-tensors", symmetric))
+
+
+def test_layer_with_none_of_its_tensors_is_named_with_both_spellings(tmp_path, ct_model):
+    tensors = {k: v for k, v in checkpoint_tensors(ct_model, "compressed-tensors").items()
+               if not k.startswith("model.layers.1.mlp.up_proj.")}
     _refused(tmp_path, ct_model, "compressed-tensors",
-             r"^model\.layers\.1\.mlp\.up_proj: missing tensor\(s\) weight_scale", tensors)
+             r"missing 1 tensor\(s\): model\.layers\.1\.mlp\.up_proj\.weight \(neither "
+             r"model\.layers\.1\.mlp\.up_proj\.weight nor a compressed-tensors weight_packed for it\)", tensors)
 
 
 def test_missing_plain_tensor_is_named(tmp_path, ct_model):
@@ -317,11 +349,16 @@ def test_missing_plain_tensor_is_named(tmp_path, ct_model):
     _refused(tmp_path, ct_model, "compressed-tensors", r"missing 1 tensor\(s\): model\.norm\.weight", tensors)
 
 
-def test_missing_bias_is_named(tmp_path):
+def test_missing_or_misshapen_bias_names_the_layer(tmp_path):
     model = quantize_model(tiny_model("qwen2", seed=12), group_size=32, symmetric=False)
     tensors = checkpoint_tensors(model, "awq")
     del tensors["model.layers.0.self_attn.k_proj.bias"]
     _refused(tmp_path, model, "awq", r"^model\.layers\.0\.self_attn\.k_proj: missing tensor bias", tensors)
+    tensors = checkpoint_tensors(model, "awq")
+    key = "model.layers.1.self_attn.v_proj.bias"
+    tensors[key] = tensors[key][:-1].contiguous()
+    _refused(tmp_path, model, "awq", r"^model\.layers\.1\.self_attn\.v_proj: bias has shape \[31\], expected \[32\]",
+             tensors)
 
 
 def test_wrong_shapes_name_the_layer(tmp_path, ct_model):
@@ -353,6 +390,22 @@ def test_act_order_g_idx_is_refused_naming_the_layer(tmp_path, ct_model):
              r"order k // group_size: act-order", tensors)
 
 
+def test_quantized_tensors_for_a_module_that_is_not_a_linear_are_refused(tmp_path, ct_model):
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    tensors["model.norm.weight_packed"] = tensors["model.layers.0.mlp.up_proj.weight_packed"].clone()
+    _refused(tmp_path, ct_model, "compressed-tensors",
+             r"^model\.norm: the checkpoint quantizes it, but the model has no nn\.Linear by that name "
+             r"\(found LlamaRMSNorm\)", tensors)
+
+
+def test_rotary_inv_freq_left_by_old_checkpoints_is_ignored(tmp_path, ct_model):
+    tensors = checkpoint_tensors(ct_model, "compressed-tensors")
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    write_checkpoint(tmp_path, ct_model, "compressed-tensors", tensors=tensors)
+    loaded = load_quantized(tmp_path)
+    assert torch.equal(loaded.model.rotary_emb.inv_freq, ct_model.model.rotary_emb.inv_freq), "recomputed, not read"
+
+
 def test_unexpected_tensor_is_refused(tmp_path, ct_model):
     tensors = checkpoint_tensors(ct_model, "compressed-tensors")
     tensors["model.layers.0.mlp.extra.weight"] = torch.ones(4)
@@ -370,6 +423,13 @@ def test_unexpected_tensor_is_refused(tmp_path, ct_model):
     (("sparsity_config", {"format": "sparse-24-bitmask"}), r"sparse checkpoints are not supported"),
     (("config_groups", "group_0", "weights", "type", "float"), r"type='float': only integer weights"),
     (("config_groups", "group_0", "weights", "symmetric", "false"), r"symmetric='false': expected true or false"),
+    (("config_groups", "group_0", "weights", "dynamic", True), r"dynamic=true: only static weight scales"),
+    (("quantization_status", "frozen"), r"quantization_status 'frozen': only compressed"),
+    (("transform_config", {"config_groups": {"R1": {"type": "hadamard"}}}), r"transform_config \(rotated weights\)"),
+    (("config_groups", {}), r"config_groups is empty"),
+    (("config_groups", "group_1", dict(CT_CONFIG["config_groups"]["group_0"],
+                                       weights=dict(CT_CONFIG["config_groups"]["group_0"]["weights"], group_size=64))),
+     r"config_groups use different weight schemes \[\(32, True\), \(64, True\)\]"),
 ])
 def test_unsupported_compressed_tensors_variants(change, match, tmp_path, ct_model):
     quantization = quant_config("compressed-tensors")
@@ -384,11 +444,23 @@ def test_unsupported_compressed_tensors_variants(change, match, tmp_path, ct_mod
 @pytest.mark.parametrize(("key", "value", "match"), [
     ("bits", 3, r"AWQ bits=3"), ("version", "gemv", r"AWQ version 'gemv'"), ("group_size", 16, r"AWQ: group_size must be one of .*, got 16"),
     ("quant_method", "gptq", r"quant_method 'gptq' is not supported"),
+    ("zero_point", False, r"AWQ zero_point=false is not supported"),
 ])
 def test_unsupported_awq_variants(key, value, match, tmp_path):
     model = quantize_model(tiny_model("llama", seed=14), group_size=32, symmetric=False)
     quantization = dict(AWQ_CONFIG, **{key: value})
     _refused(tmp_path, model, "awq", "quantization_config: " + match, quantization=quantization)
+
+
+def test_quantization_config_defaults_and_older_spellings():
+    from w4a16.models import CheckpointScheme, parse_quantization_config
+
+    awq = {"quant_method": "AWQ", "version": "GEMM", "w_bit": 4, "q_group_size": 64}  # AutoAWQ's older key names
+    assert parse_quantization_config(awq) == CheckpointScheme("awq", 64, symmetric=False)
+    ct = quant_config("compressed-tensors")
+    del ct["config_groups"]["group_0"]["weights"]["symmetric"]
+    assert parse_quantization_config(ct) == CheckpointScheme("compressed-tensors", 32, symmetric=True), \
+        "compressed-tensors weights are symmetric unless they say otherwise"
 
 
 def test_awq_layer_whose_n_is_not_a_multiple_of_8_is_refused():
@@ -400,6 +472,19 @@ def test_awq_layer_whose_n_is_not_a_multiple_of_8_is_refused():
     with pytest.raises(ValueError, match=r"^layer: the model's layer has N = 12; AWQ packs N by 8"):
         _quantized_layer("layer", nn.Linear(64, 12, bias=False), tensors, CheckpointScheme("awq", 32, False),
                          torch.device("cpu"), torch.float16)
+
+
+def test_checkpoint_path_may_name_a_file_in_the_directory(tmp_path, ct_model):
+    write_checkpoint(tmp_path, ct_model, "compressed-tensors")
+    loaded = load_quantized(tmp_path / "model.safetensors")
+    assert isinstance(loaded.model.layers[0].mlp.down_proj, W4A16Linear)
+
+
+def test_missing_shard_is_named(tmp_path, ct_model):
+    write_checkpoint(tmp_path, ct_model, "compressed-tensors", shards=2)
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"shard 'model-00002-of-00002\.safetensors' named by the index"):
+        load_quantized(tmp_path)
 
 
 def test_pickle_checkpoints_are_refused(tmp_path, ct_model):
