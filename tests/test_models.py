@@ -183,6 +183,17 @@ def test_quantize_model_quantizes_a_shared_layer_once_under_every_name():
     assert isinstance(model[0], W4A16Linear) and model[2] is model[0]
 
 
+def test_quantize_model_refuses_to_split_a_shared_layer_skipped_under_one_name():
+    shared = nn.Linear(64, 64)
+    model = nn.ModuleDict({"a": nn.ModuleDict({"x": shared}), "mid": nn.Linear(64, 64),
+                           "b": nn.ModuleDict({"y": shared})})
+    with pytest.raises(ValueError, match=r"^b\.y: the same layer is also a\.x, which skip keeps in floating point"):
+        quantize_model(model, group_size=32, skip=("a",))
+    assert model["a"]["x"] is shared and model["b"]["y"] is shared, "an error leaves the model as it was"
+    quantize_model(model, group_size=32, skip=("a", "b"))  # both names skipped: the shared layer stays whole
+    assert model["a"]["x"] is shared and model["b"]["y"] is shared and isinstance(model["mid"], W4A16Linear)
+
+
 def test_quantize_model_refuses_a_tied_lm_head_and_a_bare_linear():
     model = tiny_model("llama", seed=3, tie=True)
     with pytest.raises(ValueError, match=r"^lm_head: its weight is also model\.embed_tokens\.weight \(tied weights"):

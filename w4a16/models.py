@@ -101,7 +101,8 @@ def quantize_model(
     the model as it was. Errors, each naming the layer: in_features not a multiple of group_size; weights of 2 or
     more dimensions that this would otherwise leave unquantized without a word (GPT-2's Conv1D, the fused 3-D
     experts of a mixture-of-experts layer, MultiheadAttention) and subclasses of nn.Linear (skip them to keep them
-    as they are); a layer whose weight another module also holds (a tied lm_head); weights it cannot quantize (on
+    as they are); a shared layer skipped under one of its names only; a layer whose weight another module also holds
+    (a tied lm_head); weights it cannot quantize (on
     the meta device, float64, NaN); no layer to quantize at all; and a model that is itself one nn.Linear.
     """
     check_group_size(group_size)  # both checked before any layer is touched
@@ -129,6 +130,11 @@ def quantize_model(
                 f"{name}: in_features={linear.in_features} is not a multiple of group_size={group_size}; "
                 f"add {name!r} to skip or choose another group size"
             )
+    kept = {id(m): name for name, m in model.named_modules(remove_duplicate=False) if _skipped(name, skip)}
+    for name, linear in targets:  # a shared layer skipped under one of its names would be split in two
+        if id(linear) in kept:
+            raise ValueError(f"{name}: the same layer is also {kept[id(linear)]}, which skip keeps in floating "
+                             f"point: skip both names or neither")
     _refuse_tied_weights(model, targets)
     quantized: dict[int, W4A16Linear] = {}  # by id of the nn.Linear: a shared layer is quantized once
     for name, linear in targets:
