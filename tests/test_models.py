@@ -325,10 +325,13 @@ def ct_model():
     return quantize_model(tiny_model("llama", seed=11), group_size=32, symmetric=True)
 
 
-def test_load_quantized_refuses_an_unsupported_dtype(tmp_path, ct_model):
+@pytest.mark.parametrize(("dtype", "shown"), [(torch.float64, r"torch\.float64"), ("float8", "'float8'"),
+                                              ("Tensor", "'Tensor'")])
+def test_load_quantized_refuses_an_unsupported_dtype(tmp_path, ct_model, dtype, shown):
+    # a string is named as given, not as what torch has under that name (None, or a class)
     write_checkpoint(tmp_path, ct_model, "compressed-tensors")
-    with pytest.raises(ValueError, match=r"dtype must be float16, bfloat16 or float32, got torch\.float64"):
-        load_quantized(tmp_path, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"dtype must be float16, bfloat16 or float32, got {shown}$"):
+        load_quantized(tmp_path, dtype=dtype)
 
 
 def _refused(tmp_path, model, method, match, tensors=None, quantization=None):

@@ -378,12 +378,11 @@ def _quantized_layer(name: str, linear: nn.Linear, tensors: _Tensors, scheme: Ch
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None, config) -> torch.dtype:
-    dtype = dtype if dtype is not None else getattr(config, "dtype", None) or torch.float16
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
-    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype!r}")
-    return dtype
+    asked = dtype if dtype is not None else getattr(config, "dtype", None) or torch.float16
+    resolved = getattr(torch, asked, None) if isinstance(asked, str) else asked
+    if resolved not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype must be float16, bfloat16 or float32, got {asked!r}")
+    return resolved
 
 
 def load_quantized(path: str | os.PathLike, device: torch.device | str | None = None,
