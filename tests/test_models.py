@@ -420,6 +420,25 @@ def test_rotary_inv_freq_left_by_old_checkpoints_is_ignored(tmp_path, ct_model):
     assert torch.equal(loaded.model.rotary_emb.inv_freq, ct_model.model.rotary_emb.inv_freq), "recomputed, not read"
 
 
+def test_a_persistent_buffer_is_read_from_the_checkpoint(tmp_path, generator):
+    """A buffer the model makes for real, such as DeepSeek-V3's router score-correction bias, is read from the
+    checkpoint: not refused as unused, and not left at the zeros the model made it with."""
+    import transformers
+
+    config = transformers.DeepseekV3Config(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=96, max_position_embeddings=64, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    bias = model.model.layers[1].mlp.gate.e_score_correction_bias
+    bias.copy_(torch.randn(bias.shape, generator=generator))
+    quantize_model(model, group_size=32, skip=("lm_head", "experts", "mlp.gate"))
+    write_checkpoint(tmp_path, model, "compressed-tensors")
+    loaded = load_quantized(tmp_path, dtype=torch.float32).model.layers[1].mlp.gate.e_score_correction_bias
+    assert torch.equal(loaded, bias), "the checkpoint's bias, not the model's initial zeros"
+
+
 def test_unexpected_tensor_is_refused(tmp_path, ct_model):
     tensors = checkpoint_tensors(ct_model, "compressed-tensors")
     tensors["model.layers.0.mlp.extra.weight"] = torch.ones(4)

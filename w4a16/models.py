@@ -427,14 +427,17 @@ def load_quantized(path: str | os.PathLike, device: torch.device | str | None = 
                 raise ValueError(f"{name}: the checkpoint quantizes it, but the model has no nn.Linear by that name "
                                  f"(found {type(modules.get(name)).__name__})")
             _set_submodule(model, name, _quantized_layer(name, modules[name], tensors, scheme, device, dtype))
+        # Parameters (still on meta) and persistent buffers (made for real, e.g. a router's score-correction
+        # bias), each in the dtype the model gave it (dtype, or float32 where the model keeps that); not the
+        # buffers of the layers just converted, whose names (AWQ's qweight, scales) may also be checkpoint keys.
         state = {}
         for key, value in model.state_dict(keep_vars=True).items():
-            if value.device.type == "meta" and key in tensors:
+            if key in tensors and key.rpartition(".")[0] not in quantized:
                 tensor = tensors.get(key)
                 if tuple(tensor.shape) != tuple(value.shape):
                     raise ValueError(f"{key}: shape {list(tensor.shape)} in the checkpoint, the model expects "
                                      f"{list(value.shape)}")
-                state[key] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
+                state[key] = tensor.to(device=device, dtype=value.dtype)
         model.load_state_dict(state, strict=False, assign=True)
         unused = sorted(k for k in tensors.unused if not IGNORED_CHECKPOINT_KEYS.match(k))
     finally:
