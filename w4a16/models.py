@@ -102,15 +102,20 @@ def quantize_model(
     more dimensions that this would otherwise leave unquantized without a word (GPT-2's Conv1D, the fused 3-D
     experts of a mixture-of-experts layer, MultiheadAttention) and subclasses of nn.Linear (skip them to keep them
     as they are); a shared layer skipped under one of its names only; a layer whose weight another module also holds
-    (a tied lm_head); weights it cannot quantize (on
-    the meta device, float64, NaN); no layer to quantize at all; and a model that is itself one nn.Linear.
+    (a tied lm_head); weights it cannot quantize (on the meta device, float64, NaN); no layer to quantize at all;
+    and a model that is itself one nn.Linear.
     """
     check_group_size(group_size)  # both checked before any layer is touched
     check_symmetric(symmetric)
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)
-    modules = [(name, m) for name, m in model.named_modules(remove_duplicate=False) if not _skipped(name, skip)]
+    modules, kept = [], {}  # kept: id of a module skip keeps as it is -> one of its names
+    for name, m in model.named_modules(remove_duplicate=False):
+        if _skipped(name, skip):
+            kept[id(m)] = name
+        else:
+            modules.append((name, m))
     unsupported = [(name, reason) for name, m in modules if (reason := _left_unquantized(m))]
     if unsupported:
         name, reason = unsupported[0]
@@ -130,7 +135,6 @@ def quantize_model(
                 f"{name}: in_features={linear.in_features} is not a multiple of group_size={group_size}; "
                 f"add {name!r} to skip or choose another group size"
             )
-    kept = {id(m): name for name, m in model.named_modules(remove_duplicate=False) if _skipped(name, skip)}
     for name, linear in targets:  # a shared layer skipped under one of its names would be split in two
         if id(linear) in kept:
             raise ValueError(f"{name}: the same layer is also {kept[id(linear)]}, which skip keeps in floating "
