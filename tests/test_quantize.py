@@ -74,6 +74,54 @@ def test_all_zero_groups_dequantize_to_zero():
         assert torch.equal(w4a16.dequantize(w4a16.quantize(w, 128, symmetric)), w)
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_an_all_zero_group_gets_scale_one_and_codes_equal_to_its_zero_point(symmetric, generator):
+    """The documented choice for a group with nothing to scale: s = 1 and q = z, next to groups that have values.
+    (A scale of 0 would divide 0 by 0 and store whatever NaN casts to.)"""
+    w = torch.randn(8, 256, generator=generator)
+    w[:, 64:128] = 0.0  # group 1 of every row
+    w[3, 192:] = 0.0  # and one more
+    qw = w4a16.quantize(w, 64, symmetric)
+    zero = torch.zeros(8, 4, dtype=torch.bool)
+    zero[:, 1] = zero[3, 3] = True
+    assert torch.equal(qw.scales[zero], torch.ones(int(zero.sum()))), qw.scales[zero]
+    assert (qw.scales[~zero] < 1).all(), "the other groups' scales are below 1 (|w| < 7.5 here)"
+    q = w4a16.unpack_int4(qw.qweight).reshape(8, 4, 64)
+    assert torch.equal(q[zero], qw.zero_points()[zero].unsqueeze(-1).expand(-1, 64))
+    assert torch.equal(w4a16.dequantize(qw).reshape(8, 4, 64)[zero], torch.zeros(int(zero.sum()), 64))
+
+
+def test_a_group_that_dequantizes_exactly_to_fp16s_largest_is_accepted(generator):
+    """The overflow refusal is strict: 65504 - (-57312) over 15 rounds up to the scale 8188, and the largest value
+    comes back as (15 - 7) * 8188 = 65504 exactly, finite, so it is kept. Only beyond the largest is refused."""
+    w = (torch.rand(4, 128, generator=generator) * 110000 - 50000).half()  # inside [-57312, 65504]
+    w[:, 0], w[:, 1] = 65504.0, -57312.0
+    qw = w4a16.quantize(w, 128, symmetric=False)
+    assert torch.equal(qw.scales, torch.full((4, 1), 8188.0, dtype=torch.float16))
+    assert torch.equal(qw.zeros, torch.full((4, 1), 7, dtype=torch.uint8))
+    deq = w4a16.dequantize(qw)
+    assert torch.equal(deq[:, 0], torch.full((4,), 65504.0)) and torch.isfinite(deq.half()).all()
+    assert ((deq - w.float()).abs() <= 8188 / 2).all()
+
+
+def test_quantize_defaults_to_symmetric_groups_of_128(generator):
+    w = torch.randn(16, 512, generator=generator)
+    qw = w4a16.quantize(w)
+    assert qw.group_size == 128 and qw.symmetric and qw.scales.shape == (16, 4)
+    explicit = w4a16.quantize(w, 128, True)
+    assert torch.equal(qw.qweight, explicit.qweight) and torch.equal(qw.scales, explicit.scales)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_quantizing_a_parameter_that_requires_grad_stores_plain_tensors(symmetric, generator):
+    """nn.Linear weights require grad: the stored scales must not carry the autograd graph back to them."""
+    w = torch.nn.Parameter(torch.randn(16, 256, generator=generator))
+    qw = w4a16.quantize(w, 64, symmetric)
+    assert not qw.scales.requires_grad and qw.scales.grad_fn is None
+    plain = w4a16.quantize(w.detach().clone(), 64, symmetric)
+    assert torch.equal(qw.qweight, plain.qweight) and torch.equal(qw.scales, plain.scales)
+
+
 def test_a_group_whose_scale_is_below_fp16s_smallest_subnormal_keeps_its_values():
     # max |w| / 7.5 (and the range / 15) is below fp16's smallest subnormal, 6e-8, where rounding to nearest would
     # give a scale of 0: rounded up it is that subnormal, and the values are 2 of its steps, exactly.
