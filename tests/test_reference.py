@@ -66,6 +66,30 @@ def test_float64_accumulation_is_the_more_exact_reference(dtype, generator):
         w4a16.reference_gemm(x, qw, accumulate=torch.float16)
 
 
+def test_reference_gemm_accumulates_in_float32_by_default(generator):
+    """The default is the fp32 reference every kernel is compared with, not the accuracy gate's float64 control.
+    float32 activations: 16-bit outputs mostly round both sums to the same value."""
+    qw = random_weight(32, 2048, 128, False, torch.float32, generator=generator)
+    x = torch.randn(4, qw.k, generator=generator)
+    fp32 = x @ w4a16.dequantize(qw).t()  # spelled out: fp32 weights, fp32 products and sums
+    fp64 = w4a16.reference_gemm(x, qw, accumulate=torch.float64)
+    assert not torch.equal(fp32, fp64), "the data must tell the two accumulations apart"
+    assert torch.equal(w4a16.reference_gemm(x, qw), fp32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reference_gemm_adds_a_float32_bias_before_rounding_to_the_activation_dtype(dtype, generator):
+    """A float32 bias is added in the accumulation dtype, rounded once with the rest: rounding it to x's dtype
+    first rounds twice, up to a whole ulp off where the bias dominates the output."""
+    qw = random_weight(64, 256, 64, True, dtype, generator=generator)
+    x = torch.randn(8, qw.k, generator=generator).to(dtype)
+    bias = torch.randn(qw.n, generator=generator) * 64  # float32, mostly not representable in x's dtype
+    assert not torch.equal(bias, bias.to(dtype).float())
+    y = w4a16.reference_gemm(x, qw, bias)
+    assert y.dtype == dtype
+    _assert_rounded_once(y, _float64_gemm(x, qw, bias), x, w4a16.dequantize(qw, torch.float64).abs())
+
+
 def test_dequantize_subtracts_zero_then_scales():
     q = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 15] * 4])
     zeros = torch.tensor([[3]])
@@ -75,6 +99,16 @@ def test_dequantize_subtracts_zero_then_scales():
     assert torch.equal(w4a16.dequantize(sym, torch.float16), ((q - 8) * 2.0).half())
 
 
+def test_float64_dequantization_is_exact_with_float32_scales():
+    """(q - z) * s formed in float64: in fp32, 15 * (1 + 2^-23) would round to 15 + 2 * 2^-23."""
+    q = torch.tensor([[15, 1] * 16])
+    s = torch.tensor([[1 + 2.0**-23]])
+    qw = w4a16.QuantizedWeight(w4a16.pack_int4(q), s, torch.zeros(1, 1, dtype=torch.uint8), group_size=32)
+    exact = q.double() * (1 + 2.0**-23)
+    assert not torch.equal(exact.float().double(), exact), "the product must not be representable in fp32"
+    assert torch.equal(w4a16.dequantize(qw, torch.float64), exact)
+
+
 @pytest.mark.parametrize(
     "make_args, error, match",
     [
@@ -82,6 +116,13 @@ def test_dequantize_subtracts_zero_then_scales():
         (lambda qw: (torch.zeros(2, 128, dtype=torch.int32), qw, None), TypeError, "x must be a float16"),
         (lambda qw: (torch.zeros(2, 128), qw, torch.zeros(3)), ValueError, r"bias must be a tensor of shape \[N\]"),
         (lambda qw: (torch.zeros(2, 128), "weight", None), TypeError, "qw must be a QuantizedWeight"),
+        (lambda qw: (torch.ones(2, 128, dtype=torch.float64), qw, None), TypeError,
+         "x must be a float16, bfloat16 or float32 tensor, got torch.float64"),
+        (lambda qw: (torch.tensor(1.0), qw, None), ValueError, r"x's last dim must equal K=128, got x of shape \(\)"),
+        # no second device on a CPU-only run: the meta device stands in for one
+        (lambda qw: (torch.ones(2, 128, device="meta"), qw, None), ValueError, "x is on meta but the weight is on cpu"),
+        (lambda qw: (torch.ones(2, 128), qw, torch.ones(16, device="meta")), ValueError,
+         "bias is on meta but x is on cpu"),
     ],
 )
 def test_reference_gemm_rejects_bad_input(make_args, error, match):

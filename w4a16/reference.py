@@ -12,10 +12,11 @@ from .layout import QuantizedWeight, unpack_int4
 
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(q - z) * s as a [N, K] tensor, computed in fp32 and returned in `dtype`."""
-    q = unpack_int4(qw.qweight).to(torch.float32)
-    z = qw.zero_points().to(torch.float32).repeat_interleave(qw.group_size, dim=1)
-    s = qw.scales.to(torch.float32).repeat_interleave(qw.group_size, dim=1)
+    """(q - z) * s as a [N, K] tensor, computed in fp32 (float64 when `dtype` is float64) and returned in `dtype`."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    q = unpack_int4(qw.qweight).to(work)
+    z = qw.zero_points().to(work).repeat_interleave(qw.group_size, dim=1)
+    s = qw.scales.to(work).repeat_interleave(qw.group_size, dim=1)
     return ((q - z) * s).to(dtype)
 
 
@@ -47,7 +48,7 @@ def reference_gemm(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | No
     if accumulate not in (torch.float32, torch.float64):
         raise ValueError(f"accumulate must be torch.float32 or torch.float64, got {accumulate}")
     check_gemm_args(x, qw, bias)
-    w = dequantize(qw, accumulate)  # with 16-bit scales (q - z) * s is exact in fp32: widening loses nothing
+    w = dequantize(qw, accumulate)  # exact in float64; in fp32 too where the scales are 16-bit
     y = x.to(accumulate) @ w.t()
     if bias is not None:
         y = y + bias.to(accumulate)

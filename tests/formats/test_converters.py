@@ -165,6 +165,13 @@ def _awq_parts(k=128, n=16, g=64):
         (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
                                                  (16, 128.5)), ValueError, "weight_shape must be two positive integers"),
         (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
+                                                 torch.tensor(128)), ValueError,
+         r"weight_shape must be two positive integers \[N, K\], got \[128\]"),
+        # the trivial order as floats, off by a fraction: a cast to int would truncate it into agreement
+        (lambda: formats.from_gptq(torch.zeros(16, 16, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32),
+                                   torch.ones(2, 16).half(), 64, g_idx=torch.arange(128) // 64 + 0.5),
+         TypeError, "g_idx must be an integer tensor, got torch.float32"),
+        (lambda: formats.from_compressed_tensors(torch.zeros(16, 16, dtype=torch.int32), torch.ones(16, 2).half(),
                                                  (16, 128), weight_g_idx=torch.arange(64) // 64),
          ValueError, r"g_idx must be a tensor of shape \[K\] = \[128\], got torch.Size\(\[64\]\)"),
         (lambda: formats.to_gptq(w4a16.QuantizedWeight(torch.zeros(8, 16, dtype=torch.int32), torch.ones(8, 1).half(),
@@ -181,3 +188,97 @@ def _awq_parts(k=128, n=16, g=64):
 def test_converters_reject_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_converters_keep_the_scales_dtype_and_store_the_checkpoints_dtypes(dtype, generator):
+    """torch.equal compares values across dtypes, so the bit tests above cannot see a converter that casts the
+    scales (bf16 to fp16 would lose range, fp32 would double the bytes) or stores the integer tensors in the wrong
+    dtype: pinned here, both ways, for every format."""
+    n, k, g = 16, 256, 64
+    scales = (torch.rand(n, k // g, generator=generator) + 0.01).to(dtype)
+    zeros = torch.randint(1, 16, (n, k // g), generator=generator, dtype=torch.uint8)  # GPTQ v1 cannot store z = 0
+    q = torch.randint(0, 16, (n, k), generator=generator)
+    qw = w4a16.QuantizedWeight(w4a16.pack_int4(q), scales, zeros, g)
+    a, gq, c = formats.to_awq(qw), formats.to_gptq(qw), formats.to_compressed_tensors(qw)
+    stored = {"awq": {"qweight": torch.int32, "qzeros": torch.int32, "scales": dtype},
+              "gptq": {"qweight": torch.int32, "qzeros": torch.int32, "scales": dtype, "g_idx": torch.int32},
+              "ct": {"weight_packed": torch.int32, "weight_zero_point": torch.int32, "weight_scale": dtype,
+                     "weight_shape": torch.int64}}
+    for fmt, out in (("awq", a), ("gptq", gq), ("ct", c)):
+        assert {name: t.dtype for name, t in out.items()} == stored[fmt], fmt
+    converted = {
+        "awq": formats.from_awq(a["qweight"], a["qzeros"], a["scales"], g),
+        "gptq": formats.from_gptq(gq["qweight"], gq["qzeros"], gq["scales"], g, gq["g_idx"]),
+        "ct": formats.from_compressed_tensors(c["weight_packed"], c["weight_scale"], c["weight_shape"],
+                                              c["weight_zero_point"]),
+    }
+    for fmt, back in converted.items():
+        assert back.scales.dtype == dtype, (fmt, back.scales.dtype)
+        assert torch.equal(back.scales.view(torch.uint8), scales.view(torch.uint8)), fmt  # bit for bit
+        assert torch.equal(w4a16.unpack_int4(back.qweight).long(), q) and torch.equal(back.zeros, zeros), fmt
+
+
+def _words(generator, *shape):
+    """Random packed words (no all-zero data): the error must come from the shapes or dtypes, whatever the bits."""
+    return torch.randint(-(2**31), 2**31, shape, generator=generator, dtype=torch.int32)
+
+
+def _scales(generator, *shape):
+    return (torch.rand(*shape, generator=generator) + 0.01).half()
+
+
+def _weight(generator, n, k=128, g=64, symmetric=False):
+    zeros = None if symmetric else torch.randint(1, 16, (n, k // g), generator=generator, dtype=torch.uint8)
+    return w4a16.QuantizedWeight(_words(generator, n, k // 8), _scales(generator, n, k // g), zeros, g)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        # each check of a converter's own, named in its terms: dropped, a later check (QuantizedWeight's, unpacking's)
+        # or an IndexError would answer instead, in the layout's terms or none
+        (lambda r: formats.from_awq(_words(r, 128, 2, 1), _words(r, 2, 2), _scales(r, 2, 16), 64),
+         ValueError, r"qweight must be 2-D, got shape \(128, 2, 1\)"),
+        (lambda r: formats.from_awq(_words(r, 128, 2), _words(r, 2, 2), _scales(r, 2, 16), 96),
+         ValueError, r"group_size must be one of \(32, 64, 128\), got 96"),
+        (lambda r: formats.from_awq(_words(r, 128, 2), _words(r, 2, 2).long(), _scales(r, 2, 16), 64),
+         TypeError, "qzeros must be an int32 packed tensor, got torch.int64"),
+        (lambda r: formats.from_awq(_words(r, 128, 4), _words(r, 4, 2), _scales(r, 2, 32), 64),  # qzeros transposed
+         ValueError, r"qzeros must have shape \[K // G, N // 8\] = \[2, 4\], got \[4, 2\]"),
+        (lambda r: formats.to_awq(_weight(r, 12)), ValueError, "AWQ packs along N: N=12 must be a multiple of 8"),
+        # K = 192 with G = 128: a checkpoint has ceil(K / G) = 2 groups; the error is about K, not about the shapes
+        (lambda r: formats.from_gptq(_words(r, 24, 16), _words(r, 2, 2), _scales(r, 2, 16), 128),
+         ValueError, "K=192 must be a multiple of group_size=128"),
+        (lambda r: formats.from_gptq(_words(r, 16, 12), _words(r, 2, 2), _scales(r, 2, 12), 64),
+         ValueError, "GPTQ packs qzeros along N: N=12 must be a multiple of 8"),
+        (lambda r: formats.from_gptq(_words(r, 16, 32), _words(r, 4, 2), _scales(r, 2, 32), 64),  # qzeros transposed
+         ValueError, r"qzeros must have shape \[K // G, N // 8\] = \[2, 4\], got \[4, 2\]"),
+        (lambda r: formats.from_gptq(_words(r, 16, 16), _words(r, 2, 2).float(), _scales(r, 2, 16), 64),
+         TypeError, "qzeros must be an int32 packed tensor, got torch.float32"),
+        (lambda r: formats.to_gptq(_weight(r, 12)), ValueError, "GPTQ packs qzeros along N: N=12 must be a multiple of 8"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 16, 16).long(), _scales(r, 16, 2), (16, 128)),
+         TypeError, "weight_packed must be an int32 packed tensor, got torch.int64"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 0, 16), _scales(r, 0, 1), (0, 128)),
+         ValueError, r"weight_shape must be two positive integers \[N, K\], got \[0, 128\]"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 1, 16), _scales(r, 1, 1), (True, 128)),
+         ValueError, r"weight_shape must be two positive integers \[N, K\], got \[True, 128\]"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 16, 16), _scales(r, 16), (16, 128)),
+         ValueError, r"weight_scale must be a 2-D tensor \[N, K // G\], got torch.Size\(\[16\]\)"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 16, 16), _scales(r, 16, 0), (16, 128)),
+         ValueError, r"cannot infer group_size: K=128 over weight_scale of shape \[16, 0\]"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 12, 16), _scales(r, 12, 2), (12, 128), _words(r, 2, 2)),
+         ValueError, "weight_zero_point packs along N: N=12 must be a multiple of 8"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 32, 16), _scales(r, 32, 2), (32, 128),
+                                                   _words(r, 2, 4)),  # the zero points transposed
+         ValueError, r"weight_zero_point must have shape \[N // 8, K // G\] = \[4, 2\], got \[2, 4\]"),
+        (lambda r: formats.from_compressed_tensors(_words(r, 16, 16), _scales(r, 16, 2), (16, 128),
+                                                   _words(r, 2, 2).long()),
+         TypeError, "weight_zero_point must be an int32 packed tensor, got torch.int64"),
+        (lambda r: formats.to_compressed_tensors(_weight(r, 12)),
+         ValueError, "weight_zero_point packs along N: N=12 must be a multiple of 8"),
+    ],
+)
+def test_converters_name_the_bad_argument(call, error, match, generator):
+    with pytest.raises(error, match=match):
+        call(generator)

@@ -35,6 +35,8 @@ def check_trivial_g_idx(g_idx: torch.Tensor | None, k: int, group_size: int) -> 
         return
     if not isinstance(g_idx, torch.Tensor) or tuple(g_idx.shape) != (k,):
         raise ValueError(f"g_idx must be a tensor of shape [K] = [{k}], got {getattr(g_idx, 'shape', type(g_idx))}")
+    if g_idx.is_floating_point() or g_idx.is_complex() or g_idx.dtype == torch.bool:
+        raise TypeError(f"g_idx must be an integer tensor, got {g_idx.dtype}")  # a cast would truncate 0.5 to 0
     expected = torch.arange(k, device=g_idx.device) // group_size
     if not torch.equal(g_idx.to(torch.int64), expected):
         raise ValueError(

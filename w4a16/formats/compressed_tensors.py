@@ -26,7 +26,8 @@ def from_compressed_tensors(
     checkpoint quantized with actorder="group" has one) must be the plain order k // G: other orders are refused.
     """
     check_int32(weight_packed, "weight_packed")
-    shape = weight_shape.tolist() if isinstance(weight_shape, torch.Tensor) else list(weight_shape)
+    raw = weight_shape.tolist() if isinstance(weight_shape, torch.Tensor) else weight_shape
+    shape = list(raw) if isinstance(raw, (list, tuple)) else [raw]  # a 0-d tensor or a bare number: one value
     if len(shape) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
         raise ValueError(f"weight_shape must be two positive integers [N, K], got {shape}")
     n, k = shape
