@@ -24,7 +24,9 @@ NO_SCOREBOARD = 7
 # "/*0120*/   LDG.E.128 R4, desc[UR4][R2.64] ;   /* 0x<low word> */" then a line "/* 0x<high word> */".
 _INSTRUCTION = re.compile(r"^ +/\*([0-9a-f]{4,})\*/ +([^;\n]*); +/\* 0x[0-9a-f]{16} \*/\n +/\* 0x([0-9a-f]{16}) \*/", re.M)
 _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.M)
-_BRANCH_TARGET = re.compile(r"\bBRA (0x[0-9a-f]+)")
+# "BRA 0x160", and the forms with a modifier or a condition before the target: "@!P1 BRA P2, 0x30",
+# "BRA.DIV UR4, 0x30", "BRA.U !UP0, 0x30". (CALL.REL is not followed: a call returns.)
+_BRANCH_TARGET = re.compile(r"\bBRA(?:\.\w+)* (?:[^,;]+, )*(0x[0-9a-f]+)")
 # 16-byte global loads into registers (the weight stream); LDGSTS (cp.async) writes shared memory instead.
 _WEIGHT_LOAD = re.compile(r"^(?:@!?U?P\w+ )?LDG\.E\S*\.128\b")
 # griddepcontrol.wait: the kernel waits for the one ahead of it on the stream (programmatic dependent launch).

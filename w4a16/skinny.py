@@ -60,8 +60,8 @@ def _load() -> str | None:
     archs = skinny_build.device_archs()
     if not archs:
         return "no GPU is visible to torch"
-    library = skinny_build.library_path(archs)
     try:
+        library = skinny_build.library_path(archs)
         if library.exists():
             torch.ops.load_library(str(library))
         elif os.environ.get("W4A16_SKINNY_AUTOBUILD") == "1":

@@ -45,7 +45,7 @@ _AMD_PATTERNS = {
     "v_and_or_b32 / v_or_b32 (magic-number OR)": r"\bv_(?:and_or|or)_b32\w*",
     "v_cvt_* (conversions)": r"\bv_cvt_\w+",
     "int->float conversions (zero points and indices only; weights use the magic OR)": r"\bv_cvt_f(?:16|32)_[iu](?:8|16|32)\w*|\bv_cvt_f32_ubyte\d\w*",
-    "cross-lane (ds_swizzle / ds_bpermute / dpp / v_permlane)": r"\bds_swizzle\w*|\bds_bpermute\w*|\bv_permlane\w*|\bdpp\b|row_\w+:|quad_perm",
+    "cross-lane (ds_swizzle / ds_bpermute / dpp / v_permlane)": r"\bds_swizzle\w*|\bds_bpermute\w*|\bv_permlane\w*|\bv_\w+_dpp\b",
     "global_load_b128 (16-byte weight loads)": r"\bglobal_load_(?:b128|dwordx4)\b",
     "ds_load_b128 (16-byte LDS reads)": r"\bds_(?:load|read)_(?:b128|b96|2addr_b64|b64)\b",
 }
@@ -291,7 +291,9 @@ def _device_compiler_version(rocm: bool) -> str:
     """The version banner of the compiler cpp_extension runs (nvcc, or hipcc on ROCm)."""
     from torch.utils import cpp_extension
 
-    tool = Path(cpp_extension.ROCM_HOME if rocm else cpp_extension.CUDA_HOME or "", "bin", "hipcc" if rocm else "nvcc")
+    # A torch that found no toolkit has None here: the digest then records the missing compiler, not a crash.
+    home = (cpp_extension.ROCM_HOME if rocm else cpp_extension.CUDA_HOME) or ""
+    tool = Path(home, "bin", "hipcc" if rocm else "nvcc")
     try:
         return subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=120).stdout
     except (OSError, subprocess.SubprocessError) as exc:

@@ -3,6 +3,7 @@ instructions it was written for, and with the staging budget of the one table (c
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +33,15 @@ def _tool_reason(arch: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory) -> dict:
+def asm_dir(tmp_path_factory) -> Path:
+    """Where `compiled` compiles each target, a folder per arch."""
+    return tmp_path_factory.mktemp("asm")
+
+
+@pytest.fixture(scope="module")
+def compiled(asm_dir) -> dict:
     """All three targets compiled once, in parallel (the three compilers take ~15-25 s each)."""
-    out = tmp_path_factory.mktemp("asm")
+    out = asm_dir
 
     def one(arch):
         if _tool_reason(arch):
@@ -59,6 +66,25 @@ def test_compiles_without_spills(compiled, arch):
         assert stats["calls"] == 0 and stats["dynamic_stack_kernels"] == 0, skinny_build.format_summary(stats)
     # Activations live in dynamic shared memory sized by the host from the table; nothing static on top.
     assert stats["static_shared_bytes"] == 0
+
+
+@pytest.mark.parametrize("arch", skinny_build.ASM_ARCHS)
+def test_compiled_for_the_arch_asked_with_nothing_left_behind(compiled, asm_dir, arch):
+    """The assembly is for the target named (each AMD target its own, not the other's), and the output folder holds
+    the assembly alone: nvcc's --keep files (an object and intermediates, ~75 MB) are removed."""
+    require_tool(compiled[arch] is not None, _tool_reason(arch) or f"compiler for {arch}")
+    files = sorted(path.name for path in (asm_dir / arch).iterdir())
+    if arch == "sm_90":
+        sass = ["skinny_sm_90.sass"] if compiled[arch]["kind"] == "sass" else []
+        assert files == ["skinny_sm_90.cubin", "skinny_sm_90.ptx", *sass]
+        for name, target in (("skinny_sm_90.ptx", r"^\.target sm_90$"), *[(s, r"^\s*code for sm_90$") for s in sass]):
+            with open(asm_dir / arch / name) as f:
+                assert re.search(target, f.read(2000), re.M), name
+    else:
+        assert files == [f"skinny_{arch}.s"]
+        with open(asm_dir / arch / files[0]) as f:
+            head = f.read(2000)
+        assert re.search(rf'^\s*\.amdgcn_target "amdgcn-amd-amdhsa--{arch}"$', head, re.M), head
 
 
 @pytest.mark.parametrize("arch", skinny_build.ASM_ARCHS)

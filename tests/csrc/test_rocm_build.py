@@ -32,6 +32,12 @@ def ninja_variable(directory: Path, name: str) -> str:
 @pytest.fixture
 def rocm_build(tmp_path, monkeypatch) -> Path:
     """build() as on a ROCm machine with one gfx1151: its build directory."""
+    monkeypatch.delenv("PYTORCH_ROCM_ARCH", raising=False)
+    return build_as_on_rocm(tmp_path, monkeypatch, [ARCH])
+
+
+def build_as_on_rocm(tmp_path, monkeypatch, archs: list[str]) -> Path:
+    """build() as on a ROCm machine with GPUs of these archs: its build directory."""
     from torch.utils import cpp_extension
 
     require_tool(skinny_build.hip_compiler_path() is not None, "clang-19 compiles the hipified kernel")
@@ -39,9 +45,8 @@ def rocm_build(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
     monkeypatch.setattr(cpp_extension, "IS_HIP_EXTENSION", True)
     monkeypatch.setattr(cpp_extension, "ROCM_HOME", "/opt/rocm")
-    monkeypatch.setattr(skinny_build, "device_archs", lambda: [ARCH])
+    monkeypatch.setattr(skinny_build, "device_archs", lambda: archs)
     monkeypatch.setenv("W4A16_BUILD_DIR", str(tmp_path / "builds"))
-    monkeypatch.delenv("PYTORCH_ROCM_ARCH", raising=False)
     # cpp_extension numbers rebuilds of one extension name per process: a fresh count, so that a real build later in
     # this process keeps its plain library name.
     monkeypatch.setattr(cpp_extension, "JIT_EXTENSION_VERSIONER", type(cpp_extension.JIT_EXTENSION_VERSIONER)())
@@ -68,6 +73,14 @@ def test_rocm_build_is_found_where_it_was_built(rocm_build):
 def test_rocm_build_targets_the_visible_arch_only(rocm_build):
     assert re.findall(r"--offload-arch=(\S*)", ninja_variable(rocm_build, "cuda_cflags")) == [ARCH]
     assert "PYTORCH_ROCM_ARCH" not in os.environ  # build() restores the environment
+
+
+def test_rocm_build_targets_every_visible_arch_and_restores_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTORCH_ROCM_ARCH", "gfx942")  # the user's own setting, for their other builds
+    directory = build_as_on_rocm(tmp_path, monkeypatch, ["gfx1151", "gfx1201"])
+    assert directory == skinny_build.library_path(["gfx1151", "gfx1201"]).parent
+    assert re.findall(r"--offload-arch=(\S*)", ninja_variable(directory, "cuda_cflags")) == ["gfx1151", "gfx1201"]
+    assert os.environ["PYTORCH_ROCM_ARCH"] == "gfx942"
 
 
 def test_hipified_kernel_compiles_to_the_checked_device_code(rocm_build, tmp_path):

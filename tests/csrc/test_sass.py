@@ -53,6 +53,17 @@ def test_control_bits_decode():
     assert ins.waits_on(1) and ins.waits_on(5) and not ins.waits_on(0)
 
 
+def test_control_bits_decode_at_full_width_without_their_neighbours():
+    # stall 15 and every wait bit, with the bits around the fields set: the yield bit (45) between stall and write
+    # scoreboard, the operand-reuse bits (58-61) above the wait mask, and bits 0-15 of the same word.
+    neighbours = 1 << 45 | 0xF << 58 | 0xFFFF
+    [ins] = sass.functions(listing({"k": [("NOP", control(15, 0, 3, 0x3F) | neighbours)]}))["k"]
+    assert (ins.stall, ins.write_scoreboard, ins.wait_mask) == (15, 0, 0x3F)
+    assert all(ins.waits_on(s) for s in range(6))
+    [ins] = sass.functions(listing({"k": [("NOP", control(0, 6, 7, 0) | neighbours)]}))["k"]
+    assert (ins.stall, ins.write_scoreboard, ins.wait_mask) == (0, 6, 0)
+
+
 def test_functions_split_by_header():
     fs = sass.functions(listing({"a": ring_loop(False), "b": [("EXIT", control())]}))
     assert list(fs) == ["a", "b"]
@@ -87,6 +98,16 @@ def test_a_load_without_scoreboard_is_a_misread():
         sass.refill_waits(sass.functions(listing({"k": body}))["k"])
 
 
+def test_a_loop_that_starts_at_another_rings_back_edge_holds_it():
+    """The boundary of refill_waits' definition: a loop whose first instruction is another ring's back-edge branch
+    holds that back edge, as a loop around the ring does, so it is not a ring and its waits are not checked."""
+    ring = ring_loop(False)[:-1]  # its loop is instructions 1..8, the back edge at 0x80
+    # a second loop from that branch (0x80) to a branch at 0xb0, with a load and a wait on its scoreboard in it
+    outer = [(LOAD, control(write=5)), ("SHF.R.U32.HI R90, RZ, 0x8, R20", control(wait=1 << 5)),
+             ("BRA 0x80", control(stall=5)), ("EXIT", control(stall=5))]
+    assert sass.refill_waits(sass.functions(listing({"k": ring + outer}))["k"]) == []
+
+
 def two_ring_loops(wait_in_second: bool) -> list[tuple[str, int]]:
     """Two copies of ring_loop's loop (a kernel with two code paths), then code placed after them that waits on the
     weight loads' scoreboard and branches back into the first loop (as a reduction called from its body does)."""
@@ -116,7 +137,11 @@ def test_accesses_after_the_grid_wait_are_clean():
 
 
 @pytest.mark.parametrize("access", ["LDG.E.128 R4, desc[UR4][R2.64]", "@P0 STG.E desc[UR4][R4.64], R7",
-                                    "LDGSTS.E.BYPASS.128 [R3], desc[UR4][R8.64]", "RED.E.ADD.STRONG.GPU desc[UR4][R2.64], R5"])
+                                    "LDGSTS.E.BYPASS.128 [R3], desc[UR4][R8.64]", "RED.E.ADD.STRONG.GPU desc[UR4][R2.64], R5",
+                                    "@!P1 LDG.E.64 R2, desc[UR4][R2.64]", "LD.E R2, [R4.64]",
+                                    "ATOMG.E.ADD.STRONG.GPU PT, R3, desc[UR4][R2.64], R5",
+                                    "@UP0 UTMALDG.2D [UR8], [UR4]", "UTMASTG.2D [UR4], [UR8]",
+                                    "UBLKCP.S.G [UR4], [UR6], UR8"])
 def test_a_global_access_before_the_grid_wait_is_found(access):
     assert [i.text for i in sass.accesses_before_grid_wait(grid_wait_kernel(access))] == [access]
 
@@ -126,6 +151,61 @@ def test_a_branch_past_the_grid_wait_is_found():
     assert [i.text for i in sass.accesses_before_grid_wait(grid_wait_kernel("@P0 BRA 0x30"))] == ["@P0 BRA 0x30"]
 
 
+@pytest.mark.parametrize("branch", ["@!P1 BRA P2, 0x30", "BRA.DIV UR4, 0x30", "BRA.U !UP0, 0x30"])
+def test_a_branch_past_the_grid_wait_is_found_in_every_form(branch):
+    # a second condition, a divergence branch, a uniform branch: each lands on the load at 0x30
+    assert [i.text for i in sass.accesses_before_grid_wait(grid_wait_kernel(branch))] == [branch]
+
+
+def test_a_branch_to_the_grid_wait_itself_does_not_skip_it():
+    # S2R (0x00), the branch (0x10), ACQBULK (0x20): landing on the wait still waits
+    assert sass.accesses_before_grid_wait(grid_wait_kernel("@P0 BRA 0x20")) == []
+
+
+def test_an_access_as_the_first_instruction_is_found():
+    body = [("LDG.E R2, desc[UR4][R2.64]", control(write=2)), ("ACQBULK", control()), ("EXIT", control(stall=5))]
+    [early] = sass.accesses_before_grid_wait(sass.functions(listing({"kernel": body}))["kernel"])
+    assert early.address == 0 and early.text.startswith("LDG.E")
+
+
+def test_only_the_first_grid_wait_counts():
+    # An access between two waits comes after the kernel ahead has finished: not early.
+    body = [("S2R R0, SR_TID.X", control()), ("ACQBULK", control()), ("LDG.E R2, desc[UR4][R2.64]", control(write=2)),
+            ("ACQBULK", control()), ("STG.E desc[UR4][R4.64], R7", control()), ("EXIT", control(stall=5))]
+    assert sass.accesses_before_grid_wait(sass.functions(listing({"kernel": body}))["kernel"]) == []
+
+
 def test_a_kernel_without_the_grid_wait_is_told_apart():
     body = [("LDG.E R2, desc[UR4][R2.64]", control(write=2)), ("EXIT", control(stall=5))]
     assert sass.accesses_before_grid_wait(sass.functions(listing({"kernel": body}))["kernel"]) is None
+
+
+SKINNY = "_ZN5w4a1611tensor_core18skinny_gemm_kernelINS_7{}TagELi{}ELb{}ELi{}ELb{}EEEvPKtPKNS_6Words4ES4_PKhS4_Ptii"
+
+
+def test_asm_stats_of_a_sass_listing(tmp_path):
+    """skinny_build.asm_stats on a listing: every instruction class counted by its own pattern over all functions,
+    and the two checks per skinny_gemm_kernel instantiation, by label (test_device_compile.py runs it on the real
+    kernel, where most counts are only checked to be non-zero)."""
+    from w4a16 import skinny_build
+
+    math = ["I2F.U32.RP R4, R0", "I2F R3, R2", "HADD2.F32 R4, -RZ, R5.H0_H0", "F2F.F16.F32 R6, R7",
+            "HFMA2.MMA R8, R9, R10, R11", "HADD2 R1, R2, R3", "HMUL2 R1, R2, R3", "FFMA R1, R2, R3, R4",
+            "LOP3.LUT R1, R2, 0xf000f, R3, 0xea, !PT", "SHFL.BFLY PT, R1, R2, 0x1, 0x1f", "LDS.128 R4, [R1]",
+            "HMMA.16816.F32.BF16 R76, R80, R70, R76"]
+    grid_wait = [("S2R R0, SR_TID.X", control()), *[(text, control()) for text in math], ("ACQBULK", control()),
+                 ("LDG.E R2, desc[UR4][R2.64]", control(write=2)), ("EXIT", control(stall=5))]
+    probe = [("STG.E desc[UR4][R2.64], R5", control()), ("EXIT", control())]
+    text = listing({SKINNY.format("Fp16", 128, 1, 8, 1): ring_loop(False),
+                    SKINNY.format("Bf16", 32, 0, 3, 0): ring_loop(True),
+                    SKINNY.format("Fp16", 64, 0, 1, 1): grid_wait, "_ZN5w4a1619skinny_limits_probeEPi": probe})
+    (tmp_path / "k.sass").write_text(text)  # no cubin beside it: no probe value
+    stats = skinny_build.asm_stats("sm_90", {"asm": tmp_path / "k.sass", "log": "", "kind": "sass"})
+    counts = {label.split(" ")[0]: n for label, n in stats["instructions"].items()}
+    # ring_loop: 3 weight loads and 2 HMMAs each; HADD2.F32 is a conversion, not packed math
+    assert counts == {"HMMA": 5, "FFMA": 1, "HFMA2": 3, "LOP3": 1, "F2F": 2, "I2F": 2, "SHFL": 1, "LDG.E.128": 6,
+                      "LDS.128": 1}
+    clean, waiting, no_loop = "fp16 G=128 sym M=8 cluster", "bf16 G=32 asym M=3 single", "fp16 G=64 asym M=1 cluster"
+    assert stats["refill_waits"] == {clean: 0, waiting: 1, no_loop: None}  # the probe is no instantiation
+    assert stats["before_grid_wait"] == {clean: None, waiting: None, no_loop: []}
+    assert stats["probe_staging_elements"] is None
