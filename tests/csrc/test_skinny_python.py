@@ -210,7 +210,8 @@ def test_build_directory_follows_sources_flags_and_compiler(copied_csrc, monkeyp
     assert skinny_build.library_path(["sm_90"]) == first
     monkeypatch.setattr(skinny_build, "EXTENSION_CFLAGS", ["-O2"])
     assert skinny_build.library_path(["sm_90"]) != first
-    monkeypatch.setattr(skinny_build, "EXTENSION_CFLAGS", ["-O3"])
+    monkeypatch.setattr(skinny_build, "EXTENSION_CFLAGS", ["-O3"])  # the shipped flags again
+    assert skinny_build.library_path(["sm_90"]) == first
     monkeypatch.setattr(skinny_build, "_device_compiler_version", lambda rocm: "nvcc: release 12.8")
     assert skinny_build.library_path(["sm_90"]) != first
 
@@ -220,9 +221,9 @@ def test_build_directory_on_rocm_follows_hipcc(copied_csrc, monkeypatch):
     banners = {False: "nvcc", True: "HIP version: 6.4.0"}
     monkeypatch.setattr(skinny_build, "_device_compiler_version", lambda rocm: banners[rocm])
     first = skinny_build.library_path(["gfx1151"])
+    banners[False] = "another nvcc"  # not the compiler a ROCm build runs
+    assert skinny_build.library_path(["gfx1151"]) == first
     banners[True] = "HIP version: 7.0.0"
-    assert skinny_build.library_path(["gfx1151"]) != first
-    banners[False] = "another nvcc"
     assert skinny_build.library_path(["gfx1151"]) != first
 
 
