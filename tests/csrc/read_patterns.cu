@@ -3,13 +3,15 @@
 // csrc/PERF.md gives the figures measured on the H200 and what they decided.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/read_patterns tests/csrc/read_patterns.cu
-//   /tmp/read_patterns
+//   /tmp/read_patterns               # every pattern, on four of the bench shapes
+//   /tmp/read_patterns --contiguous  # the contiguous read and the kernel's stream, on all eight
 //
 // Protocol as bench_skinny.py: CUDA-graph replay over copies of the weights totalling 512 MB (>= 4x the L2),
 // median of 9 replays. Each kernel folds what it reads into a value it stores only if it hits a magic number, so
 // the loads cannot be removed.
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "graph_timing.cuh"
@@ -308,8 +310,10 @@ float per_call_us(F launch, int copies) {
   return graph_per_call_us(launch, copies, 4, 9);
 }
 
-int main() {
+int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out as it is measured, even when piped to a log
+  // --contiguous: the floor of every bench layer (what 1.6x tinygemm is held against), without the variants.
+  const bool contiguous_only = argc > 1 && std::strcmp(argv[1], "--contiguous") == 0;
   int sms;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   struct Shape {
@@ -318,7 +322,12 @@ int main() {
   } shapes[] = {{"llama3.1-8b gate_up", 28672, 4096},
                 {"llama3.1-8b down", 4096, 14336},
                 {"llama3.1-8b qkv", 6144, 4096},
-                {"qwen3-4b o", 2560, 4096}};
+                {"qwen3-4b o", 2560, 4096},
+                {"llama3.1-8b o", 4096, 4096},
+                {"qwen3-4b qkv", 6144, 2560},
+                {"qwen3-4b gate_up", 19456, 2560},
+                {"qwen3-4b down", 2560, 9728}};
+  const int variant_shapes = 4;  // every pattern runs on the first four
   const Variant variants[] = {
       {"the shipped kernel's stream (L2::128B, its grid)", mma_units<false>, 12, 3, false, 16},
       {"the same, units of 16 rows x 2 k-steps", mma_units<true>, 12, 3, false, 16},
@@ -363,7 +372,9 @@ int main() {
   CHECK(cudaMalloc(&weights, total));
   CHECK(cudaMemset(weights, 0x5A, total));
   std::printf("%-20s %-56s %8s %8s\n", "shape", "pattern", "us", "GB/s");
-  for (const Shape& s : shapes) {
+  for (int shape = 0; shape < int(sizeof(shapes) / sizeof(shapes[0])); ++shape) {
+    const Shape& s = shapes[shape];
+    if (!contiguous_only && shape >= variant_shapes) break;
     const size_t bytes = (size_t)s.n * s.k / 2;
     const int copies = (int)std::max<size_t>(2, total / bytes);
     auto copy = [&](int c) { return reinterpret_cast<const Piece*>(weights + (size_t)c * bytes); };
@@ -374,6 +385,7 @@ int main() {
              contiguous<<<sms * 4, 256, 0, st>>>(copy(c), bytes / 16, sink);
            }, copies));
     for (const Variant& v : variants) {
+      if (contiguous_only && &v != &variants[0]) break;
       const int blocks = std::min(sms, (s.n + v.grid_rows - 1) / v.grid_rows);
       const int shared = v.async ? v.warps * v.depth * 2048 : 0;
       report(v.name, per_call_us([&](int c, cudaStream_t st) {
@@ -381,6 +393,7 @@ int main() {
              }, copies));
     }
     for (const TmaVariant& v : tma_variants) {
+      if (contiguous_only) break;
       std::vector<CUtensorMap> maps;
       for (int c = 0; c < copies; ++c) maps.push_back(weight_map(copy(c), s.n, s.k, v.box_bytes, v.swizzled));
       const int blocks = std::min(sms, (s.n + 15) / 16), shared = tma_shared_bytes(v);
