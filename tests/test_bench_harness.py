@@ -71,6 +71,26 @@ def test_settle_replays():
     assert metrics.settle_replays(0.0, 0.25, minimum=3) == 3  # an unmeasurably short first replay
 
 
+def test_a_probe_too_short_to_measure_gets_the_most_calls():
+    # a probe graph that read 0 s per call says nothing about the call's length: the replay is made as long as allowed
+    assert metrics.calls_per_replay(copies=4, seconds_per_call=0.0, target_seconds=2e-3, max_calls=700) == 700
+
+
+def test_a_cache_size_of_zero_falls_back_on_the_default():
+    """A device that reports its cache as 0 bytes has an unknown cache, not none: the rotation still covers 4x the
+    default size, as it does for an unreported one."""
+    per_copy = 3 * 2**20
+    copies = metrics.rotation_copies(per_copy, 0)
+    assert copies == metrics.rotation_copies(per_copy, None)
+    assert copies * per_copy >= 4 * metrics.DEFAULT_CACHE_BYTES
+
+
+def test_torch_fp16_reads_its_dense_weight():
+    n, k = 96, 384
+    dense = torch.empty(n, k, dtype=torch.float16)
+    assert metrics.weight_bytes("torch_fp16", n, k, 128, True) == dense.numel() * dense.element_size()
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_int4_bytes_match_the_layout(generator, symmetric, group_size):
@@ -139,6 +159,71 @@ def test_a_cases_key_is_the_key_of_its_stored_record(tmp_path):
                for c in cases]
     run = results.load_run(_write_run(tmp_path / "run.json", "2026-01-01T00:00:00", benches))
     assert [results.case_key(c) for c in cases] == list(run.records)
+
+
+def test_every_models_shapes_and_the_m_values_are_design_md():
+    # DESIGN.md's benchmark protocol, (N, K) of qkv, o, gate_up, down per model, and its M values
+    design = {
+        "qwen3-4b": [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)],
+        "llama3.1-8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+        "qwen3-8b": [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)],
+        "qwen2.5-7b": [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)],
+        "gemma3-4b": [(4096, 2560), (2560, 2048), (20480, 2560), (2560, 10240)],
+        "smollm2-1.7b": [(6144, 2048), (2048, 2048), (16384, 2048), (2048, 8192)],
+    }
+    assert {model: [layers[name] for name in ("qkv", "o", "gate_up", "down")]
+            for model, layers in catalogue.MODELS.items()} == design
+    assert catalogue.M_VALUES == (1, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def test_the_baseline_times_each_backend_at_its_own_m_values():
+    """Each backend is timed where it is worth it: skinny up to the most rows any arch's kernel takes (its edge
+    included), dequant + BLAS from M = 16, the peers at their own lists, torch_fp16 on fp16 cases only."""
+    from w4a16 import skinny
+
+    baseline = catalogue.cases("baseline")
+    down = [c for c in baseline if c.model == "llama3.1-8b" and c.layer == "down"
+            and (c.dtype, c.group_size, c.symmetric) == catalogue.DEFAULT_FORMAT]
+
+    def ms(backend):
+        return {c.m for c in down if c.backend == backend}
+
+    skinny_rows = max(rows for rows, _, _ in skinny.arch_table().values())
+    assert ms("skinny") == {m for m in catalogue.M_VALUES if m <= skinny_rows}
+    assert ms("dequant_blas") == {m for m in catalogue.M_VALUES if m >= 16}
+    assert ms("auto") == ms("triton") == set(catalogue.M_VALUES)
+    assert ms("torch_bf16") == set(catalogue.TORCH_M)
+    assert ms("tinygemm") == set(catalogue.TINYGEMM_M)
+    assert ms("naive") == set(catalogue.NAIVE_M) and len(ms("naive")) < len(ms("auto"))
+    assert {c.dtype for c in baseline if c.backend == "torch_fp16"} == {"fp16"}
+
+
+def test_the_baseline_holds_the_format_variants_of_llama_gate_up_and_down():
+    # fp16 activations, asymmetric zero points and group size 32, each against the default bf16 / g128 / sym
+    formats = {(c.layer, c.dtype, c.group_size, c.symmetric) for c in catalogue.cases("baseline")
+               if c.model == "llama3.1-8b" and c.backend == "auto"}
+    for layer in ("gate_up", "down"):
+        for fmt in (("fp16", 128, True), ("bf16", 128, False), ("bf16", 32, True)):
+            assert (layer, *fmt) in formats
+
+
+def test_the_full_set_times_every_model_at_every_m():
+    full = catalogue.cases("full")
+    for model in catalogue.MODELS:
+        ours = [c for c in full if c.model == model and c.backend == "auto"
+                and (c.dtype, c.group_size, c.symmetric) == catalogue.DEFAULT_FORMAT]
+        assert {(c.layer, c.m) for c in ours} == {(layer, m) for layer in catalogue.LAYERS for m in catalogue.M_VALUES}
+    assert len(full) > len(catalogue.cases("baseline"))
+
+
+def test_cases_sharing_a_weight_and_a_backend_run_one_after_another():
+    """The bench prepares a weight once per shape and format, and a backend's prepared weights once per weight:
+    in a set's order, neither comes back after another has started."""
+    cases = catalogue.cases("full")
+    for key in (lambda c: c.shape_key, lambda c: (c.shape_key, c.backend)):
+        keys = [key(c) for c in cases]
+        starts = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
+        assert len(starts) == len(set(keys))
 
 # ---------------------------------------------------------------------------------------------------------------
 # Synthetic stored runs: tables, ratios, compare
@@ -229,6 +314,49 @@ def test_store_run_numbers_after_every_stored_run(tmp_path):
     assert stored == storage / get_machine_id() / "0008_baseline.json"
     assert stored.read_bytes() == run.read_bytes()
     assert results.newest_baseline(storage, "baseline") == stored
+
+
+def test_the_first_run_stored_is_numbered_0001(tmp_path):
+    from pytest_benchmark.utils import get_machine_id
+
+    run = _write_run(tmp_path / "out" / "run.json", "2026-01-02T00:00:00", BASE)
+    stored = results.store_run(run, tmp_path / "gfx1151", "quick")
+    assert stored == tmp_path / "gfx1151" / get_machine_id() / "0001_quick.json"
+
+
+def test_load_run_keeps_only_usable_timings(tmp_path):
+    """A benchmark with only part of our extra_info (another test's) or a median of zero, NaN or infinity is no
+    case; one whose stats lack a median is read from the µs per call it recorded."""
+    partial = {"name": "test_other[M4]", "extra_info": {"model": "llama3.1-8b", "M": 4}, "stats": {"median": 1e-5}}
+    zero = _bench("llama3.1-8b", "o", 2, "auto", 0.0)
+    nan, inf = _bench("llama3.1-8b", "o", 3, "auto", 3.0), _bench("llama3.1-8b", "o", 4, "auto", 4.0)
+    nan["stats"]["median"], inf["stats"]["median"] = float("nan"), float("inf")
+    no_median = _bench("llama3.1-8b", "o", 5, "auto", 7.5)
+    no_median["stats"] = {}
+    run = results.load_run(_write_run(tmp_path / "a.json", "2026-01-01T00:00:00", [partial, zero, nan, inf, no_median]))
+    assert list(run.records) == [("llama3.1-8b", "o", 4096, 4096, 5, "bf16", 128, True, "auto")]
+    assert next(iter(run.records.values())).seconds == pytest.approx(7.5e-6)
+
+
+def test_stored_runs_are_ordered_by_recorded_datetime_not_by_file(tmp_path):
+    storage = tmp_path / "sm_90"
+    days = [4, 1, 6, 2, 5, 3]  # the run in file i was recorded on day days[i]
+    paths = [_write_run(storage / f"m{i % 2}" / f"{i + 1:04d}_quick.json", f"2026-01-{day:02d}T00:00:00", BASE)
+             for i, day in enumerate(days)]
+    assert results.stored_runs(storage) == [path for _, path in sorted(zip(days, paths, strict=True))]
+    assert results.newest_baseline(storage, "quick") == paths[2]
+
+
+def test_the_chain_of_a_set_holds_only_runs_of_that_set(tmp_path):
+    """A run of another set stored between two links of a chain (a deliberate baseline of the full set, say) neither
+    ends the chain nor joins it."""
+    storage = tmp_path / "sm_90"
+    first = _write_run(storage / "m" / "0001_quick.json", "2026-01-01T00:00:00", BASE)
+    _write_run(storage / "m" / "0002_baseline.json", "2026-01-02T00:00:00", BASE)
+    second = _write_run(storage / "m" / "0003_quick.json", "2026-01-03T00:00:00", BASE)
+    results.mark_compared(second, first)
+    assert [run.path.name for run in results.baseline_chain(storage, "quick", "NVIDIA H200")] == [
+        "0001_quick.json", "0003_quick.json"]
 
 
 def _scaled(benches, factor, backends):
@@ -697,6 +825,83 @@ def test_parse_threshold_rejects(text):
         results.parse_threshold(text)
 
 
+@pytest.mark.parametrize("text", ["1", "1.0", "1000%", 12.0])
+def test_parse_threshold_refuses_a_bare_one_and_thresholds_that_gate_nothing(text):
+    # "1" could mean 1% or 100%; 1000% (or a fraction of 10 and more) would let any slowdown through
+    with pytest.raises(ValueError, match="threshold"):
+        results.parse_threshold(text)
+
+
+def _one_case_run(seconds: float, backend: str = "auto") -> results.Run:
+    key = ("llama3.1-8b", "o", 4096, 4096, 1, "bf16", 128, True, backend)
+    return results.Run(None, "", {}, {key: results.Record(*key, seconds)})
+
+
+def test_a_slowdown_of_exactly_the_threshold_passes():
+    """The gate fails a case slower by more than the threshold: exactly +25% (exact in binary) passes a 25% gate,
+    a hair more fails."""
+    base = _one_case_run(2.0**-17)
+    assert results.compare(_one_case_run(1.25 * 2.0**-17), base, 0.25).ok
+    assert not results.compare(_one_case_run(1.2501 * 2.0**-17), base, 0.25).ok
+
+
+def test_a_run_without_a_recorded_gpu_is_not_another_gpus(tmp_path):
+    """Only two recorded GPU names that differ refuse a comparison: a run stored without one compares."""
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE, gpu=None))
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00", BASE))
+    comparison = results.compare(cur, base, 0.10)
+    assert comparison.ok and not comparison.other_gpu, comparison.report()
+
+
+def test_the_other_gpu_line_says_which_gpu_measured_the_baseline(tmp_path):
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE, gpu="NVIDIA H200"))
+    cur = results.load_run(_write_run(tmp_path / "cur.json", "2026-01-02T00:00:00", BASE,
+                                      gpu="NVIDIA H100 80GB HBM3"))
+    report = results.compare(cur, base, 0.10).report()
+    assert "the baseline was measured on NVIDIA H200, this run on NVIDIA H100 80GB HBM3" in report
+
+
+def test_an_fp16_case_of_ours_moves_with_torch_fp16(tmp_path):
+    """fp16 cases of ours are anchored on torch's fp16 matmul: both 30% slower is the machine, and passes."""
+    base = _anchored_run(tmp_path, "base.json", {("o", 1): 9.0}, {("o", 1): 5.0}, dtype="fp16")
+    cur = _anchored_run(tmp_path, "cur.json", {("o", 1): 9.0 * 1.3}, {("o", 1): 5.0 * 1.3}, dtype="fp16")
+    comparison = results.compare(cur, base, 0.10)
+    assert comparison.ok, comparison.report()
+    [change] = [c for c in comparison.changes if c.gated]
+    assert (change.anchor_ratio, change.anchor_cases) == (pytest.approx(1.3), 1)
+
+
+def test_the_anchor_of_an_even_number_of_torch_cases_averages_the_middle_two(tmp_path):
+    # two decode torch cases unchanged and two 20% slower: the median is +10%, not either side's
+    base = _anchored_run(tmp_path, "base.json", DECODE_TORCH, {("o", 1): 6.0})
+    slower = {**DECODE_TORCH, ("gate_up", 1): 80.0 * 1.2, ("down", 1): 40.0 * 1.2}
+    [change] = [c for c in results.compare(_anchored_run(tmp_path, "cur.json", slower, {("o", 1): 6.0}), base).changes
+                if c.gated]
+    assert change.anchor_ratio == pytest.approx(1.1) and change.anchor_cases == 4
+
+
+def test_the_chain_mean_is_relative_to_the_anchor(tmp_path):
+    """Against a run of the chain, ours' geometric mean is taken relative to torch's matmul: the whole machine 30%
+    slower is no drift, ours unchanged while torch got 20% faster is."""
+    base = results.load_run(_write_run(tmp_path / "base.json", "2026-01-01T00:00:00", BASE))
+    slow_machine = results.load_run(_write_run(tmp_path / "slow.json", "2026-01-02T00:00:00",
+                                               _scaled(BASE, 1.3, catalogue.BACKENDS)))
+    assert results.compare(slow_machine, base).relative_mean() == pytest.approx(1.0)
+    fast_torch = results.load_run(_write_run(tmp_path / "fast.json", "2026-01-02T00:00:00",
+                                             _scaled(BASE, 0.8, {"torch_bf16"})))
+    assert results.compare(fast_torch, base).relative_mean() == pytest.approx(1.25)
+
+
+def test_summary_counts_m_8_as_decode_and_takes_the_geometric_mean(tmp_path):
+    """M = 8 is the last decode size; auto 2x faster than the best peer at M = 1 and 2x slower at M = 8 average to
+    1.00x (geometric), not 1.25x."""
+    benches = [_bench("qwen3-4b", "o", 1, "auto", 10.0), _bench("qwen3-4b", "o", 1, "torch_bf16", 20.0),
+               _bench("qwen3-4b", "o", 8, "auto", 20.0), _bench("qwen3-4b", "o", 8, "torch_bf16", 10.0)]
+    run = results.load_run(_write_run(tmp_path / "a.json", "2026-01-01T00:00:00", benches))
+    text = results.summary(run.records.values())
+    assert "decode M<=8: 1.00x over 2 cases" in text and "prefill" not in text
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Device clock, CLI without a GPU
 
@@ -763,6 +968,14 @@ def test_cool_down_gives_up_after_its_limit():
     assert 0.5 <= waited < 0.5 + 0.02 + 1e-9
 
 
+def test_cool_down_stops_once_its_limit_is_reached():
+    # two polls of 0.25 s reach a 0.5 s limit exactly: no third poll past it
+    sleep, now = fake_time()
+    waited = timing.cool_down(timing.ClockState(FakeNvml([0x4]), None), max_seconds=0.5, poll_seconds=0.25,
+                              sleep=sleep, now=now)
+    assert waited == 0.5
+
+
 def test_clock_state_finds_the_torch_device_by_uuid(monkeypatch):
     """torch's device index is not NVML's under CUDA_VISIBLE_DEVICES: the handle comes from the device's UUID."""
     import types
@@ -790,6 +1003,42 @@ def test_clock_state_finds_the_torch_device_by_uuid(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "6.4")  # ROCm: NVML is not asked
     monkeypatch.setattr(fake, "nvmlInit", lambda: None)
     assert timing.ClockState.open() is None
+
+
+@pytest.mark.parametrize("reason", [0x4, 0x8, 0x20, 0x40, 0x80])
+def test_every_power_and_thermal_reason_is_a_slowdown(reason):
+    # nvml.h: SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power brake 0x80
+    gpu_idle = 0x1
+    assert timing.ClockState(FakeNvml([reason | gpu_idle]), None).slowdown() == reason
+
+
+def test_a_uuid_that_already_has_its_prefix_is_asked_as_it_is(monkeypatch):
+    import types
+
+    asked = []
+    nvml = types.SimpleNamespace(nvmlDeviceGetHandleByUUID=lambda uuid: asked.append(uuid) or "handle")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(uuid="GPU-9d1e4f70-aaaa-bbbb-cccc-ddddeeeeffff"))
+    assert timing.nvml_handle(nvml, 0) == "handle"
+    assert asked == ["GPU-9d1e4f70-aaaa-bbbb-cccc-ddddeeeeffff"]
+
+
+def test_a_timed_round_is_per_call_and_notes_a_slowed_clock(monkeypatch):
+    """GraphTimer.round: one replay's device time divided by the calls in the graph, advancing the device clock by
+    it; a round after which a slowdown reason is set counts as slowed."""
+    import types
+
+    replays = iter([1e-3, 8e-5, 40e-5, 24e-5])  # the warm-up's first replay, then three timed rounds
+    monkeypatch.setattr(timing, "time_replay", lambda graph: next(replays))
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    clock = timing.DeviceClock()
+    monkeypatch.setattr(timing, "device_clock", clock)
+    # read before the warm-up (clear), then after each of the three rounds
+    clocks = timing.ClockState(FakeNvml([0x0, 0x0, 0x4, 0x0], sm_mhz=1755), None)
+    timer = timing.GraphTimer(types.SimpleNamespace(replay=lambda: None), calls=8, clocks=clocks)
+    assert [timer.round() for _ in range(3)] == pytest.approx([1e-5, 5e-5, 3e-5])
+    assert timer.median() == pytest.approx(3e-5) and clock() == pytest.approx(9e-5)
+    assert timer.slowed_rounds == 1 and timer.sm_mhz == [1755, 1755, 1755]
 
 
 def test_cases_timed_at_a_lowered_clock_are_listed(tmp_path):
@@ -828,6 +1077,20 @@ def test_a_lowered_clock_is_one_under_97_percent_of_the_runs_highest_by_default(
                                               slowed("test_gemm[a-M1-skinny]", 1939)]}))
     assert results.lowered_clock_cases(run) == [
         "  test_gemm[a-M1-skinny]: 2 of 10 rounds slowed, SM 1939-2000 of 2000 MHz"]
+
+
+def test_a_lowered_clock_at_m_8_is_listed_as_a_decode_case(tmp_path):
+    """M = 8 is the last decode size: a slowed case there is suspect and named, while M = 16 is a prefill case that
+    may reach the power cap by itself and is only counted."""
+    def slowed(m):
+        return {"name": f"test_gemm[a-M{m}-auto]", "extra_info": {"M": m, "rounds": 10, "slowed_rounds": 4,
+                                                                  "sm_mhz_min": 1500, "sm_mhz_max": 1980}}
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"benchmarks": [slowed(8), slowed(16)]}))
+    lines = results.lowered_clock_cases(run)
+    assert len(lines) == 2 and lines[0].startswith("  test_gemm[a-M8-auto]: 4 of 10 rounds slowed")
+    assert lines[1].startswith("  and 1 case(s)")
 
 
 def test_no_gpu_message(monkeypatch, capsys):
@@ -900,6 +1163,72 @@ def test_an_e2e_run_that_measured_nothing_fails_and_stores_nothing(tmp_path, mon
     monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H200")
     assert cli._run_e2e([], tmp_path, tmp_path / "storage", "stamp") == 1
     assert not (tmp_path / "storage").exists()
+
+
+def test_without_save_the_storage_is_only_read(tmp_path, monkeypatch):
+    # a run without --save may compare with a storage it cannot write to: nothing is made there
+    import w4a16.info
+
+    monkeypatch.setattr(cli, "_gpu_available", lambda: True)
+    monkeypatch.setattr(w4a16.info, "run", lambda args: None)
+    monkeypatch.setattr(w4a16, "arch", lambda: "sm_90")
+    monkeypatch.setattr(cli, "_run_kernels", lambda *args: 0)
+    storage = tmp_path / "baselines"
+    assert cli.main(["--quick", "--no-build", "--storage", str(storage), "--out", str(tmp_path / "out")]) == 0
+    assert not storage.exists() and (tmp_path / "out").is_dir()
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 1.5])
+def test_a_benchmark_run_that_failed_is_neither_measured_again_nor_saved(tmp_path, monkeypatch, slowdown):
+    """The child pytest exiting 1 (a benchmark errored) fails the bench whatever the comparison says, and a
+    regression it shows is not measured again."""
+    import argparse
+
+    storage = tmp_path / "sm_90"
+    _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", BASE)
+    calls = []
+
+    def failing_pytest(command, **kwargs):
+        calls.append(command)
+        [json_arg] = [a for a in command if a.startswith("--benchmark-json=")]
+        benches = _scaled(BASE, slowdown, {"auto"})
+        _write_run(Path(json_arg.split("=", 1)[1]), "2026-01-03T00:00:00", benches)
+        _write_collected(kwargs, benches)
+        return 1
+
+    monkeypatch.setattr(cli.subprocess, "call", failing_pytest)
+    monkeypatch.setattr(cli, "_plots", lambda *args: [])
+    monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H200")
+    args = argparse.Namespace(set="quick", save=True, compare="newest", pytest_args=[], inject_slowdown=False)
+    assert cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp") == 1
+    assert len(calls) == 1
+    assert results.stored_runs(storage) == [storage / "machine" / "0001_quick.json"]
+
+
+def test_compare_with_a_given_run_is_held_to_that_run_alone(tmp_path, monkeypatch):
+    """--compare RUN.json compares with that run: the chain of this arch's newest stored baseline (here 20% faster
+    than the given run and this one) does not gate it."""
+    import argparse
+
+    storage = tmp_path / "sm_90"
+    quick = [b for b in BASE if b["extra_info"]["M"] == 1]
+    _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", quick)
+    given = _write_run(tmp_path / "older" / "given.json", "2025-12-01T00:00:00", _scaled(quick, 1.2, catalogue.OURS))
+    _fake_bench_run(monkeypatch, _scaled(quick, 1.2, catalogue.OURS))
+    args = argparse.Namespace(set="quick", save=False, compare=str(given), pytest_args=[], inject_slowdown=False)
+    assert cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp") == 0
+    report = (tmp_path / "out" / "compare.txt").read_text()
+    assert "compare: PASS" in report and "DRIFTED" not in report
+
+
+def test_models_that_the_set_does_not_hold_select_no_case(tmp_path, monkeypatch, capsys):
+    # the quick set is llama3.1-8b alone: --quick --models qwen3-4b is refused before anything runs
+    import argparse
+
+    monkeypatch.setattr(cli.subprocess, "call", lambda *a, **k: pytest.fail("nothing may be measured"))
+    args = argparse.Namespace(set="quick", save=False, compare=None, pytest_args=[], inject_slowdown=False)
+    assert cli._run_kernels(args, "sm_90", ["qwen3-4b"], 0.10, tmp_path / "sm_90", tmp_path, "stamp") == 2
+    assert "no cases selected" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------------------
