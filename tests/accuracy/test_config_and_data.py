@@ -104,3 +104,101 @@ def test_task_yamls_load_through_lm_eval_task_manager(monkeypatch):
     assert arith.doc_to_text(test_docs[0]) == f"Question: {shipped[0]['question']}\nAnswer:"
     doc = next(iter(facts.test_docs()))
     assert facts.doc_to_choice(doc) == doc["choices"] and facts.doc_to_target(doc) == doc["label"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    # a boolean is not a number (TOML's true would read as 1.0), a negative count of stderrs allows nothing, and an
+    # infinite bound passes everything
+    (("min_identical_greedy = 0.95", "min_identical_greedy = true"),
+     r"\[gate\] min_identical_greedy must be a finite number in \[0, 1\], got True"),
+    (("kernel_vs_reference_stderrs = 1.0", "kernel_vs_reference_stderrs = -1.0"),
+     r"\[gate\] kernel_vs_reference_stderrs must be a finite number in \[0, inf\], got -1.0"),
+    (("kernel_vs_reference_stderrs = 1.0", "kernel_vs_reference_stderrs = inf"),
+     r"kernel_vs_reference_stderrs must be a finite number in \[0, inf\], got inf"),
+    (("tolerance = { w4a16_arith = 0.15, w4a16_facts = 0.10 }", "tolerance = { w4a16_arith = inf, w4a16_facts = 0.10 }"),
+     r"tolerance.w4a16_arith must be a finite number in \[-inf, inf\], got inf"),
+    # a model the loader cannot load, or a checkpoint whose quantization cannot be checked
+    (('format = "awq"', 'format = "gguf"'),
+     r"\[models.qwen2.5-7b-instruct-awq\] format must be one of \('fp', 'compressed-tensors', 'awq'\), got 'gguf'"),
+    (('path = "RedHatAI/Qwen3-4B-quantized.w4a16"', 'path = ""'), r'\[models.qwen3-4b-w4a16\] source = "path" needs a path'),
+    (("quantize = [", "unused = ["), r'\[models.smollm2-135m-instruct\] a format = "fp" model needs quantize'),
+    (('symmetric = true\nfp_path = "Qwen/Qwen3-4B"', 'fp_path = "Qwen/Qwen3-4B"'),
+     r"\[models.qwen3-4b-w4a16\] a compressed-tensors checkpoint needs group_size and symmetric"),
+    # a quantization that is not one: a string for a boolean ("false" would read as True), an unsupported group
+    (("{ group_size = 32, symmetric = false }", '{ group_size = 32, symmetric = "false" }'),
+     r"\[models.smollm2-135m-instruct\] symmetric must be true or false, got 'false'"),
+    (("{ group_size = 32, symmetric = false }", "{ group_size = 48, symmetric = false }"),
+     r"group_size must be one of \(32, 64, 128\), got 48"),
+    (("{ group_size = 32, symmetric = false }", "{ group_size = 32.0, symmetric = false }"),
+     r"group_size must be one of \(32, 64, 128\), got 32.0"),
+    (("{ group_size = 32, symmetric = false }", "{ symmetric = false }"),
+     r"group_size must be one of \(32, 64, 128\), got None"),
+    (("group_size = 128\nsymmetric = false", "group_size = 128\nsymmetric = 0"),
+     r"\[models.qwen2.5-7b-instruct-awq\] symmetric must be true or false, got 0"),
+    # a model that gates nothing, or a task the file does not define
+    (('tasks = ["w4a16_arith", "w4a16_facts"]', "tasks = []"), r"tasks must name entries of \[tasks\] .*, got \[\]"),
+    (('tasks = ["w4a16_arith", "w4a16_facts"]', 'tasks = ["w4a16_arith", "w4a16_facts", "mmlu"]'),
+     r"tasks must name entries of \[tasks\] .*, got \['w4a16_arith', 'w4a16_facts', 'mmlu'\]"),
+    (('yaml = "tasks/w4a16_facts.yaml"', 'yaml = "tasks/w4a16_missing.yaml"'),
+     r"\[tasks.w4a16_facts\] yaml .*w4a16_missing.yaml does not exist"),
+    # zero samples, or a boolean, is no sample count
+    (("limit = 50", "limit = 0"), r"\[tasks.w4a16_arith\] limit must be a positive integer, got 0"),
+    (("limit = 50", "limit = true"), r"\[tasks.w4a16_arith\] limit must be a positive integer, got True"),
+    (('embedded = ["smollm2-135m-instruct"]', 'embedded = ["smollm2-1.7b"]'),
+     r"\[suites.embedded\] names unknown model\(s\) \['smollm2-1.7b'\]"),
+])
+def test_gates_file_values_outside_their_domain_are_refused(tmp_path, change, message):
+    text = DEFAULT_GATES.read_text()
+    assert text.count(change[0]) == 1
+    path = tmp_path / "gates.toml"
+    path.write_text(text.replace(change[0], change[1]).replace('yaml = "tasks/', f'yaml = "{REGRESSION_DIR}/tasks/'))
+    with pytest.raises(ValueError, match=message):
+        load_gates(path)
+
+
+def test_a_tasks_few_shot_count_is_read_and_defaults_to_the_tasks_own(tmp_path):
+    # num_fewshot goes to lm-eval as it is: unset, the task's own default applies (None), not zero shots.
+    path = tmp_path / "gates.toml"
+    path.write_text("""
+default_suite = "s"
+[tasks.few]
+metric = "exact_match,strict-match"
+limit = 10
+num_fewshot = 3
+[tasks.own]
+metric = "acc,none"
+limit = 10
+[models.m]
+source = "path"
+path = "/nonexistent/m"
+format = "fp"
+quantize = [{ group_size = 32, symmetric = true }]
+tasks = ["few", "own"]
+tolerance = { few = 0.1, own = 0.1 }
+[suites]
+s = ["m"]
+""")
+    tasks = load_gates(path).tasks
+    assert (tasks["few"].num_fewshot, tasks["own"].num_fewshot) == (3, None)
+
+
+def test_task_data_generation_refuses_too_few_distinct_questions(monkeypatch):
+    """The facts task has about 250 distinct questions: asking for 300 test docs must fail loudly, not ship
+    repeated questions or fewer docs than the split says."""
+    monkeypatch.setattr(taskdata, "SPLITS", {"w4a16_arith": {"train": 1, "test": 1},
+                                             "w4a16_facts": {"train": 1, "test": 300}})
+    with pytest.raises(RuntimeError, match=r"w4a16_facts/test: only \d+ distinct docs of the 300 asked for"):
+        taskdata.generate()
+
+
+def test_writing_the_task_data_uses_the_seed_given(tmp_path):
+    seed = taskdata.SEED + 1
+    paths = taskdata.write(tmp_path, seed=seed)
+    expected = taskdata.generate(seed)
+    assert sorted(p.name for p in paths) == sorted(f"{task}.{split}.jsonl" for task in expected
+                                                   for split in expected[task])
+    for path in paths:
+        task, split, _ = path.name.split(".")
+        assert path.read_text(encoding="utf-8") == taskdata.to_jsonl(expected[task][split]), path.name
+    assert (tmp_path / "w4a16_arith.test.jsonl").read_text(encoding="utf-8") != \
+        (DATA_DIR / "w4a16_arith.test.jsonl").read_text(encoding="utf-8")

@@ -261,3 +261,51 @@ def test_a_p_value_exactly_at_greedy_divergence_p_passes_the_kernel():
                                     f"{'a pass' if passes else 'a failure'}, got {v.failures}")
     # three digits: two could print a p just below the threshold as the threshold itself ("p = 0.01 < 0.01")
     assert v.failures[-1].endswith("(p = 0.00781 < 0.015625)"), v.failures
+
+
+@pytest.mark.parametrize("variant", ["fp", "reference", "kernel"])
+def test_an_infinite_score_or_stderr_fails_on_its_own(variant):
+    """An infinite stderr on the reference would allow any kernel difference, an infinite score is no measurement:
+    either fails the task with that one reason, not with rule failures computed from it."""
+    scores = {"fp": score(0.60), "reference": score(0.55), "kernel": score(0.55)}
+    for broken in (score(float("inf")), score(float("-inf")), score(0.55, float("inf"))):
+        v = judge("t", "acc,none", {**scores, variant: broken}, RULES, 0.08)
+        assert v.failures == [f"not a finite score or stderr: {variant}"], (broken, v.failures)
+
+
+def test_greedy_outputs_over_no_samples_are_an_error():
+    # No per-sample outputs cannot show that kernel and reference generate the same text: an error, not 0/0.
+    with pytest.raises(ValueError, match="no greedy outputs to compare"):
+        identical_fraction((), ())
+
+
+def test_a_drop_of_exactly_the_tolerance_passes():
+    """The tolerance is the largest drop allowed: 0.8 -> 0.7 with tolerance 0.1 passes, though 0.8 - 0.7 is
+    0.10000000000000009 in floating point; 0.8 -> 0.69 fails."""
+    at = judge("t", "m", {"fp": score(0.8), "reference": score(0.7), "kernel": score(0.7)}, RULES, 0.1)
+    assert at.passed, at.failures
+    past = judge("t", "m", {"fp": score(0.8), "reference": score(0.69), "kernel": score(0.69)}, RULES, 0.1)
+    assert sum("dropped 0.1100 below fp 0.8000" in f for f in past.failures) == 2, past.failures
+
+
+def test_a_baseline_score_of_zero_still_gates():
+    """An fp model (or a stored expected score) of 0.0 is a baseline like any other: the drop rule applies, the
+    task is not reported as ungated."""
+    scores = {"fp": score(0.0), "reference": score(0.0), "kernel": score(0.0)}
+    assert judge("t", "m", scores, RULES, 0.0).passed
+    no_fp = {"reference": score(0.0), "kernel": score(0.0)}
+    v = judge("t", "m", no_fp, RULES, 0.0, expected=0.0)
+    assert v.passed, v.failures
+    v = judge("t", "m", no_fp, RULES, -0.1, expected=0.0)  # a tolerance demanding a gain of 0.1 over 0.0
+    assert v.failures == ["reference 0.0000 dropped 0.0000 below expected 0.0000 (tolerance -0.1)",
+                          "kernel 0.0000 dropped 0.0000 below expected 0.0000 (tolerance -0.1)"]
+
+
+def test_the_tables_stderr_column_is_the_references():
+    # Rule 1 allows the reference's stderr: the column shows that one, not the kernel's.
+    v = judge("t", "acc,none", {"fp": score(0.6), "reference": score(0.6, 0.02), "kernel": score(0.6, 0.07)},
+              RULES, 0.1)
+    row = format_table([("m", "g64-sym", v)]).splitlines()[2].split()
+    assert row[7] == "0.0200", row
+    only_kernel = judge("t", "acc,none", {"kernel": score(0.6, 0.07)}, RULES, 0.1)
+    assert format_table([("m", "g64-sym", only_kernel)]).splitlines()[2].split()[7] == "0.0700"

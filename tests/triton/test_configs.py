@@ -86,6 +86,9 @@ def test_exact_overrides_win_over_rules(tmp_path, monkeypatch):
 
 
 def test_bad_tables_are_rejected():
+    for empty in ({}, {"buckets": []}):  # refused when read, not an IndexError at the first selection
+        with pytest.raises(ValueError, match="x.json: no buckets"):
+            configs._parse("x", empty)
     with pytest.raises(ValueError, match="unknown rule 'huge'"):
         configs._parse("x", {"buckets": [{"m": 1, "rules": [{"when": "huge", "config": {}}]}]})
     with pytest.raises(ValueError, match="must end with an 'any' rule"):
@@ -385,3 +388,155 @@ def test_a_buckets_config_is_the_best_geometric_mean_of_its_ratios_to_each_shape
     results = [{"n": 8, "k": 64, "m": 16, "configs": [(a, 10.0), (b, 14.5), (only_1, 10.0)], "dequant_blas_us": 99.0},
                {"n": 16, "k": 64, "m": 16, "configs": [(a, 20.0), (b, 14.5), (only_2, 10.0)], "dequant_blas_us": 99.0}]
     assert build_table(results)["buckets"][0]["rules"][0]["config"] == a
+
+
+def _table(monkeypatch, buckets: list[dict]):
+    """Route select_config("test", ...) to a table parsed from `buckets` (no file, no cache)."""
+    table = configs._parse("test", {"buckets": buckets})
+    monkeypatch.setattr(configs, "load_table", lambda arch: table)
+    return table
+
+
+def _tile(block_n: int, **extra) -> dict:
+    return {"BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": 64, "num_warps": 4, **extra}
+
+
+def test_shape_rules_hold_at_their_boundaries_and_the_first_that_holds_wins(monkeypatch):
+    """"tall" K >= 2N, "n_ge_4k" N >= 4K, "n_ge_2k" N >= 2K, "n_gt_k" N > K (the module docstring), tried in the
+    bucket's order: a shape exactly at a bound meets it, one step short of it falls through to the next rule."""
+    order = ("tall", "n_ge_4k", "n_ge_2k", "n_gt_k", "any")
+    _table(monkeypatch, [{"m": 64, "rules": [{"when": when, "config": _tile(16 * 2**i)}
+                                             for i, when in enumerate(order)]}])
+    picks = {(1024, 2048): "tall", (1024, 2047): "any", (4096, 1024): "n_ge_4k", (4095, 1024): "n_ge_2k",
+             (2048, 1024): "n_ge_2k", (2047, 1024): "n_gt_k", (1025, 1024): "n_gt_k", (1024, 1024): "any"}
+    for (n, k), when in picks.items():
+        assert select_config("test", 64, n, k, 64).block_n == 16 * 2 ** order.index(when), (n, k, when)
+
+
+def test_buckets_are_looked_up_in_m_order_whatever_the_files_order(monkeypatch):
+    table = _table(monkeypatch, [{"m": m, "rules": [{"when": "any", "config": _tile(bn)}]}
+                                 for m, bn in ((256, 128), (16, 32), (64, 64))])
+    assert [m for m, _ in table.buckets] == [16, 64, 256]
+    assert [select_config("test", m, 512, 512, 64).block_n for m in (1, 16, 17, 64, 65, 256, 4096)] == \
+        [32, 32, 64, 64, 128, 128, 128]
+
+
+def test_a_bucket_without_rules_is_refused():
+    with pytest.raises(ValueError, match="x.json: bucket m=16 must end with an 'any' rule"):
+        configs._parse("x", {"buckets": [{"m": 16, "rules": []}]})
+
+
+def test_a_table_naming_a_kernel_this_package_lacks_is_refused():
+    # "wgmma2" is not one of the kernels: with the wgmma kernel's fields it must not be run as the wgmma kernel.
+    entry = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3, "kernel": "wgmma2"}
+    with pytest.raises(ValueError, match=r"kernel must be one of \('fused', 'wgmma'\), got 'wgmma2'"):
+        TileConfig.from_json(entry, {})
+
+
+def test_split_k_is_at_most_one_split_per_k_tile_a_partial_last_tile_included():
+    """K = 160 in the wgmma kernel's 128-deep tiles is one full tile and one partial (masked) tile: two splits at
+    most; K = 128 one; K = 4096 leaves the config's 8 as they are."""
+    config = TileConfig(16, 64, 128, 4, 4, 8, kernel="wgmma")
+    assert [config.for_shape(1, 64, k).split_k for k in (128, 160, 256, 4096)] == [1, 2, 2, 8]
+    assert TileConfig(16, 64, 32, 4, 2, 3).for_shape(5, 48, 64).split_k == 2  # fused: 64 = two 32-deep tiles
+
+
+def test_the_split_stays_while_its_slices_fit_32_bit_offsets(monkeypatch):
+    """The fp32 slices [split, M, N] must be indexable in 32 bits: with the limit lowered to 4 * 8 * 16 elements,
+    4 splits of 8 x 16 exactly fit (largest offset one less), 4 splits of 8 x 17 do not and run unsplit."""
+    monkeypatch.setattr(configs, "INT32_MAX", 4 * 8 * 16)
+    config = TileConfig(16, 64, 32, 4, 2, 4)
+    assert config.for_shape(8, 16, 128).split_k == 4
+    assert config.for_shape(8, 17, 128).split_k == 1
+
+
+def test_selection_clamps_block_k_to_the_group_before_counting_k_tiles(monkeypatch):
+    """A 128-deep config at G = 32 runs 32-deep tiles: K = 64 is then two tiles, so its 8 splits become 2 (not 8,
+    which would leave splits without work, nor 1, counted on the unclamped 128)."""
+    _table(monkeypatch, [{"m": 16, "rules": [{"when": "any", "config": {
+        "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "split_k": 8}}]}])
+    assert select_config("test", 16, 64, 64, 32) == TileConfig(16, 64, 32, 4, 1, 2)
+
+
+def test_an_override_needs_more_than_the_gain_over_the_buckets_config():
+    """A shape whose own best is exactly OVERRIDE_GAIN times faster than the bucket's config keeps the bucket's
+    config; a hair more and it gets an override."""
+    from w4a16.triton.tune import OVERRIDE_GAIN, build_table
+
+    a, b = _tile(32), _tile(64)
+    for slowdown, overridden in ((1.0, False), (math.nextafter(1.0, 2.0), True)):
+        at_gain = OVERRIDE_GAIN * 10.0 * slowdown
+        # a: at the gain on shape 8 and best on shape 16 (the bucket's pick); b: best on 8, twice as slow on 16.
+        results = [{"n": 8, "k": 64, "m": 16, "configs": [(a, at_gain), (b, 10.0)], "dequant_blas_us": 99.0},
+                   {"n": 16, "k": 64, "m": 16, "configs": [(a, 10.0), (b, 20.0)], "dequant_blas_us": 99.0}]
+        table = build_table(results)
+        assert table["buckets"][0]["rules"][0]["config"] == a
+        assert table["overrides"] == ([{"n": 8, "k": 64, "m": 16, "config": b}] if overridden else []), slowdown
+
+
+def test_dequant_blas_as_fast_as_the_table_is_no_crossover():
+    """dequant_blas must be faster to win a bucket: equal times, for the arch and for each shape, leave the fused
+    kernel in place (no dequant_blas_min_m, no per-shape entry)."""
+    from w4a16.triton.tune import build_table
+
+    config = _tile(64)
+    results = [{"n": n, "k": 64, "m": m, "configs": [(config, us)], "dequant_blas_us": us}
+               for n in (8, 16) for m, us in ((256, 10.0), (512, 20.0), (1024, 40.0))]
+    table = build_table(results)
+    assert table["dequant_blas_min_m"] is None and table["dequant_blas_overrides"] == []
+
+
+def test_a_merge_into_a_table_without_a_crossover_takes_the_retunes():
+    """The old table never chose dequant_blas; a re-tune of every bucket from 256 up in which it wins from 256 on
+    sets the crossover at 256 (the buckets below were not re-timed, and never won before)."""
+    from w4a16.triton.tune import build_table, merge_tables
+
+    config = _tile(64)
+    base = {"buckets": [{"m": m, "rules": [{"when": "any", "config": config}]} for m in (64, 256, 512)],
+            "dequant_blas_min_m": None, "dequant_blas_overrides": []}
+    results = [{"n": 8, "k": 64, "m": m, "configs": [(config, 10.0)], "dequant_blas_us": 5.0} for m in (256, 512)]
+    table, _ = merge_tables(base, build_table(results), [256, 512])
+    assert table["dequant_blas_min_m"] == 256 and table["dequant_blas_overrides"] == []
+
+
+def test_a_merge_keeps_each_shapes_old_lower_crossover_where_the_retune_wins_from_its_lowest_bucket():
+    """Re-tuning 256..1024: a shape that wins from 256 in the re-tune keeps the crossover below 256 that the old
+    table gave it, be that its own entry or the old arch default; a shape that now wins from 1024 only gets 1024."""
+    from w4a16.triton.tune import build_table, merge_tables
+
+    config = _tile(64)
+    fused = {256: 10.0, 512: 20.0, 1024: 40.0}
+
+    def merged(base_min_m, base_overrides, blas):
+        base = {"buckets": [{"m": m, "rules": [{"when": "any", "config": config}]} for m in (64, 128, 256, 512, 1024)],
+                "dequant_blas_min_m": base_min_m, "dequant_blas_overrides": base_overrides}
+        results = [{"n": n, "k": 64, "m": m, "configs": [(config, fused[m])], "dequant_blas_us": us}
+                   for n, by_m in blas.items() for m, us in by_m.items()]
+        return merge_tables(base, build_table(results), [256, 512, 1024])[0]
+
+    # Every shape wins from 256 in the re-tune; shape 8 had its own crossover at 64 before, the arch one was 512.
+    table = merged(512, [{"n": 8, "k": 64, "min_m": 64}], {n: {256: 5.0, 512: 10.0, 1024: 20.0} for n in (8, 16)})
+    assert table["dequant_blas_min_m"] == 256
+    assert table["dequant_blas_overrides"] == [{"n": 8, "k": 64, "min_m": 64}]
+    # The old arch crossover was 64, with no shape of its own; the re-tune puts the arch's at 512, shape 8 wins
+    # from 256 (so from the old 64), shape 16 from 1024 only, shape 32 with the arch.
+    table = merged(64, [], {8: {256: 9.0, 512: 18.0, 1024: 30.0}, 16: {256: 12.0, 512: 21.0, 1024: 30.0},
+                            32: {256: 12.0, 512: 19.0, 1024: 30.0}})
+    assert table["dequant_blas_min_m"] == 512  # geometric mean at 256: 10.9 > 10, at 512: 19.3 < 20
+    assert table["dequant_blas_overrides"] == [{"n": 8, "k": 64, "min_m": 64}, {"n": 16, "k": 64, "min_m": 1024}]
+
+
+def test_a_merge_of_a_merged_table_keeps_where_its_other_buckets_came_from():
+    """The buckets a second merge keeps may come from the first full run, not from the first merge: the meta keeps
+    naming that run."""
+    from w4a16.triton.tune import build_table, merge_tables
+
+    config = _tile(64)
+    first_run = {"date": "2026-01-01", "triton": "3.6.0", "torch": "2.11", "device": "NVIDIA H200"}
+    base = {"meta": {"date": "2026-02-01", "triton": "3.7.0", "torch": "2.12", "device": "NVIDIA H100",
+                     "merged": {"retuned_m": [64], "other_buckets_from": first_run}},
+            "buckets": [{"m": m, "rules": [{"when": "any", "config": config}]} for m in (16, 64, 512)],
+            "dequant_blas_min_m": None, "dequant_blas_overrides": []}
+    results = [{"n": 8, "k": 64, "m": 16, "configs": [(config, 1.0)], "dequant_blas_us": 9.0}]
+    _, meta = merge_tables(base, build_table(results), [16])
+    assert meta == {"merged": {"retuned_m": [16], "other_buckets_from": first_run}}

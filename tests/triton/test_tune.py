@@ -88,3 +88,34 @@ def test_weight_left_tiles_hold_whole_warpgroups_of_weight_rows(monkeypatch, m):
     if m > 256:  # the space holds both orientations there
         assert {TileConfig(128, 32, 64, 4, 4, 1, True), TileConfig(128, 32, 64, 4, 4, 1, False)} & set(kept) == {
             TileConfig(128, 32, 64, 4, 4, 1, False)}
+
+
+@pytest.mark.parametrize("m", [16, 32, 64])
+def test_up_to_64_rows_the_fused_tiles_are_weight_left_with_the_rows_as_block_m(m):
+    """Weight-left puts the tokens on the MMA's N side (16..64): up to M = 64 that is the whole fused space, one
+    token tile of exactly the bucket's rows; from M = 128 both orientations are tried."""
+    assert {(c.w_left, c.block_m) for c in tune.candidates(m)} == {(True, m)}
+    assert {c.w_left for c in tune.candidates(128)} == {True, False}
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_below_16_rows_every_candidate_keeps_16_row_tiles(m):
+    # `tune --m` takes any power of two; an MMA tile has at least 16 rows, for the fused and the wgmma kernel alike.
+    space = tune.candidates(m, wgmma=True)
+    assert {c.kernel for c in space} == {"fused", "wgmma"}
+    assert {c.block_m for c in space} == {16}
+
+
+@pytest.mark.parametrize("m", tune.M_BUCKETS)
+def test_from_64_rows_the_wgmma_space_adds_four_warpgroups_and_the_producer_form(m):
+    """From M = 64 on, 64-token tiles are shared by four warpgroups (16 warps) and the warp-specialized producer
+    form is tried (the sm_90 table picks it from M = 64); below, neither has the tokens to share."""
+    wgmma = [c for c in tune.candidates(m, wgmma=True) if c.kernel == "wgmma"]
+    assert any(c.num_warps == 16 for c in wgmma) is (m >= 64)
+    assert any(c.producer for c in wgmma) is (m >= 64)
+
+
+def test_the_tuner_refuses_an_m_bucket_of_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
+        tune.main(["--m", "0,16"])
+    assert exc.value.code == 2 and "powers of two" in capsys.readouterr().err

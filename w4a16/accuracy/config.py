@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..layout import GROUP_SIZES
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -105,6 +107,16 @@ def _numbers(path: Path, where: str, name: str, table: dict, low: float = 0.0, h
     return {key: _number(path, where, f"{name}.{key}", value, low, high) for key, value in table.items()}
 
 
+def _quantization(path: Path, where: str, raw: dict, tolerance: dict[str, float] | None = None) -> Quantization:
+    """group_size one of GROUP_SIZES and symmetric a TOML boolean: a string such as "false" would read as True."""
+    group_size, symmetric = raw.get("group_size"), raw.get("symmetric")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in GROUP_SIZES:
+        raise _error(path, where, f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
+    if not isinstance(symmetric, bool):
+        raise _error(path, where, f"symmetric must be true or false, got {symmetric!r}")
+    return Quantization(group_size, symmetric, tolerance or {})
+
+
 def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> ModelSpec:
     where = f"models.{name}"
     source, fmt = raw.get("source"), raw.get("format")
@@ -116,8 +128,7 @@ def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> Mode
         raise _error(path, where, 'source = "path" needs a path (a local directory or a Hub id in the cache)')
     if fmt == "fp":
         quant = tuple(
-            Quantization(int(q["group_size"]), bool(q["symmetric"]),
-                         _numbers(path, where, "quantize.tolerance", q.get("tolerance", {}), -math.inf))
+            _quantization(path, where, q, _numbers(path, where, "quantize.tolerance", q.get("tolerance", {}), -math.inf))
             for q in raw.get("quantize", [])
         )
         if not quant:
@@ -125,7 +136,7 @@ def _model(path: Path, name: str, raw: dict, tasks: dict[str, TaskSpec]) -> Mode
     else:
         if "group_size" not in raw or "symmetric" not in raw:
             raise _error(path, where, f"a {fmt} checkpoint needs group_size and symmetric (checked on load)")
-        quant = (Quantization(int(raw["group_size"]), bool(raw["symmetric"])),)
+        quant = (_quantization(path, where, raw),)
     model_tasks = tuple(raw.get("tasks", ()))
     unknown = [t for t in model_tasks if t not in tasks]
     if not model_tasks or unknown:

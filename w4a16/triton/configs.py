@@ -179,6 +179,8 @@ class Table:
 
 def _parse(arch: str, data: dict) -> Table:
     defaults = data.get("defaults", {})
+    if not data.get("buckets"):
+        raise ValueError(f"{arch}.json: no buckets (every M needs a bucket to select from)")
     buckets = []
     for bucket in sorted(data["buckets"], key=lambda b: b["m"]):
         rules = []
