@@ -1317,8 +1317,10 @@ def test_pytest_benchmark_stores_device_clock_seconds(tmp_path):
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_fake.py"),
                f"--rootdir={tmp_path}", f"--benchmark-timer={timing.DEVICE_CLOCK_NAME}",
                f"--benchmark-storage=file://{tmp_path / 'store'}", "--benchmark-save=baseline",
-               f"--benchmark-json={out}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+               f"--benchmark-json={out}", "-p", "no:xdist"]
+    # A pytest of its own: under an xdist worker, the worker's PYTEST_* variables would reach it.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     run = results.load_run(out)
     (record,) = run.records.values()

@@ -127,6 +127,8 @@ def test_asm_skinny_without_its_compiler_says_which(tmp_path, monkeypatch, capsy
     from w4a16.__main__ import main
 
     monkeypatch.setattr(skinny_build, missing, lambda: None)  # no path found, no headers
+    if missing == "hip_headers_present":  # a compiler found (a machine without clang-19 would say that first)
+        monkeypatch.setattr(skinny_build, "hip_compiler_path", lambda: "/usr/bin/clang-19")
     assert main(["asm", "--backend", "skinny", "--arch", arch, "--out", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert captured.err == f"error: {message}\n" and captured.out == ""

@@ -1,6 +1,7 @@
 """The gate rules on synthetic scores: pass, kernel/reference mismatch, greedy mismatch, drop past tolerance."""
 
 import pytest
+from w4a16_testing import require_module
 
 from w4a16.accuracy.config import GateRules
 from w4a16.accuracy.gate import Score, format_table, greedy_divergence_p, identical_fraction, judge
@@ -231,7 +232,7 @@ def test_greedy_outputs_take_each_docs_most_likely_choice_or_its_text():
 
 def test_a_score_counts_the_samples_scored_not_those_asked_for(monkeypatch, tmp_path):
     """The short-sample rule of judge() reads Score.n: it must be what lm-eval scored."""
-    import lm_eval
+    lm_eval = require_module("lm_eval", "lm-eval comes with the eval extra, which nox -s tests installs")
 
     from w4a16.accuracy.config import TaskSpec
     from w4a16.accuracy.harness import evaluate
