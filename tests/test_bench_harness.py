@@ -1366,3 +1366,217 @@ def test_e2e_reports_a_failing_model_and_goes_on():
     assert [r.variant for r in measured] == ["bf16", "failed"]
     assert any("FAILED: ValueError" in line and "group_size=128" in line for line in logs)
     assert "FAILED (see the log)" in e2e.format_table(measured)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The peers' preparation on CPU: the rotation, the dtype each peer stands for, and what cannot run here
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_benchs_random_weight_has_every_zero_point_and_no_zero_scale(symmetric):
+    """A zero scale would make a kernel's wrong zero point invisible; a weight without zeros is the symmetric
+    format, and asymmetric ones must hold every zero point 0..15."""
+    gen = torch.Generator().manual_seed(3)
+    qw = peers.random_weight(64, 512, 32, symmetric, torch.bfloat16, gen)
+    assert qw.symmetric == symmetric and qw.scales.shape == (64, 512 // 32)
+    assert (qw.scales.float() > 0).all()
+    if not symmetric:
+        assert set(qw.zeros.unique().tolist()) == set(range(16))
+
+
+@pytest.mark.parametrize(("backend", "dtype"), [("auto", torch.bfloat16), ("naive", torch.float16),
+                                                ("torch_bf16", torch.bfloat16), ("torch_fp16", torch.float16)])
+def test_every_weight_copy_of_a_prepared_backend_computes_the_same_product(backend, dtype, generator):
+    """The rotation's copies are clones of copy 0, zero points included: each computes x @ dequant(W)^T."""
+    qw = random_weight(32, 256, 64, False, dtype, generator=generator)
+    x = torch.randn(3, 256, generator=generator).to(dtype)
+    per_copy = metrics.weight_bytes(backend, 32, 256, 64, False)
+    prepared = peers.prepare(backend, qw, cache_bytes=per_copy)  # copies to cover 4x a cache of one copy
+    assert prepared.copies == metrics.rotation_copies(per_copy, per_copy) == 4 and prepared.weight is qw
+    expected = x.float() @ w4a16.dequantize(qw).t()
+    for i in range(prepared.copies):
+        y = prepared.call(x, i)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_the_dense_peers_take_only_their_own_dtype(generator):
+    for backend, wrong in (("torch_bf16", torch.float16), ("torch_fp16", torch.bfloat16)):
+        qw = random_weight(16, 128, 128, True, wrong, generator=generator)
+        with pytest.raises(peers.Unavailable, match=f"{backend} is the peer for .* the weight's scales are {wrong}"):
+            peers.prepare(backend, qw, None)
+
+
+def test_tinygemm_is_not_prepared_on_cpu_and_an_unknown_backend_is_an_error(generator):
+    qw = random_weight(16, 128, 128, True, torch.bfloat16, generator=generator)
+    with pytest.raises(peers.Unavailable, match="timed on CUDA builds only"):
+        peers.prepare("tinygemm", qw, None)
+    with pytest.raises(ValueError, match="unknown backend 'marlin'"):
+        peers.prepare("marlin", qw, None)
+
+
+def test_the_injected_slowdown_runs_our_backend_twice_per_timed_call(generator, monkeypatch):
+    """--inject-slowdown must make each timed call of ours cost two (and only with the variable set to 1)."""
+    qw = random_weight(16, 128, 128, True, torch.float16, generator=generator)
+    x = torch.randn(1, 128, generator=generator).to(torch.float16)
+    calls = []
+    gemm = w4a16.gemm
+    monkeypatch.setattr(w4a16, "gemm", lambda *args, **kwargs: calls.append(kwargs["backend"]) or gemm(*args, **kwargs))
+    for value, expected in (("1", 2), ("0", 1), (None, 1)):
+        if value is None:
+            monkeypatch.delenv(peers.SLOWDOWN_ENV, raising=False)
+        else:
+            monkeypatch.setenv(peers.SLOWDOWN_ENV, value)
+        calls.clear()
+        peers.prepare("auto", qw, None).call(x, 0)
+        assert calls == ["auto"] * expected, value
+
+
+def test_the_bench_asks_dispatch_why_a_backend_of_ours_cannot_run(monkeypatch):
+    """auto and the peers always run; ours report dispatch's reason, and skinny its own row and staging limits
+    on the arch (also where dispatch would let the call through)."""
+    cpu = torch.device("cpu")
+    for backend in ("auto", "naive", "torch_bf16", "tinygemm"):
+        assert peers.unavailable_reason(backend, 1, 4096, torch.float16, cpu) is None
+    assert peers.unavailable_reason("skinny", 1, 4096, torch.float16, cpu) == w4a16.dispatch.unavailable_reason(
+        "skinny", cpu, torch.float16)
+    monkeypatch.setattr(w4a16.dispatch, "unavailable_reason", lambda backend, device, dtype: None)
+    monkeypatch.setattr(w4a16, "arch", lambda device: "sm_90")
+    rules = w4a16.dispatch.rules("sm_90")
+    rows, staging = rules.skinny_rows, rules.skinny_staging_elements
+    assert peers.unavailable_reason("skinny", rows, staging // rows, torch.float16, cpu) is None
+    assert peers.unavailable_reason("skinny", rows + 1, 64, torch.float16, cpu) == (
+        f"skinny takes 1 <= M <= {rows} with K*M <= {staging} on sm_90; M={rows + 1}, K=64")
+    assert "M=1, K=" in peers.unavailable_reason("skinny", 1, staging + 1, torch.float16, cpu)
+    assert peers.unavailable_reason("triton", 4096, 4096, torch.float16, cpu) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The end-to-end table, from results built here (no model)
+
+
+def _e2e_results():
+    from w4a16.bench.e2e import E2EResult
+
+    base = E2EResult("llama3.1-8b", "bf16", 16_000_000_000, ttft_ms={128: 20.0}, ttft_eager_ms={128: 30.0, 1920: 200.0},
+                     tpot_ms=24.0, linear_ms=20.0, peak_bytes=17_000_000_000)
+    quant = E2EResult("llama3.1-8b", "w4a16", 5_600_000_000, ttft_ms={128: 22.0}, ttft_eager_ms={128: 35.0, 1920: 230.0},
+                      tpot_ms=8.0, linear_ms=5.0, peak_bytes=6_800_000_000)
+    return base, quant
+
+
+def test_the_e2e_table_rows_and_ratios():
+    """GB are 1e9 bytes; TTFT columns take the graph replay, then the eager time; the ratio line has W4A16 over
+    bf16 for sizes and times to first token, bf16 over W4A16 for the per-token speed-ups (the issue's targets)."""
+    from w4a16.bench import e2e
+
+    base, quant = _e2e_results()
+    lines = e2e.format_table([base, quant]).splitlines()
+    assert lines[0] == ("| model | weights | resident GB | TTFT@128 ms | TTFT@1920 ms | eager TTFT@128 ms | "
+                        "eager TTFT@1920 ms | TPOT ms | linear layers ms/token | peak GB |")
+    assert lines[2] == "| llama3.1-8b | bf16 | 16.00 | 20.00 | - | 30.00 | 200.00 | 24.00 | 20.00 | 17.00 |"
+    assert lines[3] == "| llama3.1-8b | w4a16 | 5.60 | 22.00 | - | 35.00 | 230.00 | 8.00 | 5.00 | 6.80 |"
+    assert lines[5] == ("- llama3.1-8b W4A16 vs bf16: weights 0.350x, TPOT 3.00x faster, linear layers 4.00x "
+                        "faster, TTFT@128 1.10x of bf16, TTFT@1920 1.15x of bf16, peak memory 0.400x")
+    assert lines[6].startswith("  targets: TPOT >= 2.8x faster")
+
+
+def test_the_e2e_table_keeps_its_columns_for_failed_models_and_targets_for_llama_only():
+    from w4a16.bench import e2e
+    from w4a16.bench.e2e import E2EResult
+
+    base, quant = _e2e_results()
+    qwen = [E2EResult("qwen3-4b", v, r.weight_bytes, r.ttft_ms, r.ttft_eager_ms, r.tpot_ms) for v, r in
+            (("bf16", base), ("w4a16", quant))]
+    quant.finite = False
+    table = e2e.format_table([base, quant, *qwen, E2EResult("gemma", "failed", 0, finite=False)])
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert len({row.count("|") for row in rows}) == 1, rows  # header, separator and every row: the same columns
+    assert "| llama3.1-8b | w4a16 (NON-FINITE LOGITS) |" in table and "| llama3.1-8b | bf16 |" in table
+    notes = [line for line in table.splitlines() if line.startswith(("-", " "))]
+    assert [n.split(" W4A16")[0] for n in notes if n.startswith("-")] == ["- llama3.1-8b", "- qwen3-4b"]
+    assert sum("targets" in n for n in notes) == 1 and "targets" in notes[1]
+    assert "peak memory" not in notes[2] and "linear layers" not in notes[2]  # not measured: not compared
+
+
+def test_the_e2e_table_compares_a_model_only_with_both_variants():
+    from w4a16.bench import e2e
+
+    base, _ = _e2e_results()
+    assert "W4A16 vs bf16" not in e2e.format_table([base])
+
+
+def test_the_e2e_host_timer_reports_milliseconds():
+    import time
+
+    from w4a16.bench import e2e
+
+    ms = e2e._Timer(torch.device("cpu")).elapsed_ms(lambda: time.sleep(0.05))
+    assert 45 <= ms < 1000
+
+
+def test_resident_bytes_count_a_shared_storage_once():
+    """Tied embeddings and views share one storage: counted once. A view counts the whole storage it keeps
+    alive."""
+    from w4a16.bench import e2e
+
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(100, 16, dtype=torch.bfloat16)  # 3200 bytes
+    model.head = torch.nn.Linear(16, 100, bias=False, dtype=torch.bfloat16)
+    model.head.weight = model.embed.weight  # tied
+    model.register_buffer("first_rows", model.embed.weight.detach()[:10])  # another tensor, the same storage
+    model.norm = torch.nn.Parameter(torch.ones(8, dtype=torch.float32))  # 32 bytes
+    model.register_buffer("window", torch.zeros(10, dtype=torch.float32)[2:6])  # 4 of a 40-byte storage
+    assert e2e.resident_bytes(model) == 100 * 16 * 2 + 8 * 4 + 10 * 4
+
+
+_TINY_E2E = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, max_position_embeddings=64)
+
+
+def test_e2e_measure_times_after_a_warm_up_and_reports_per_token(monkeypatch):
+    """TTFT is the median of the timed prefills after the untimed first one; TPOT is a decode's time over its
+    tokens; the decode's prompt is decode_prompt tokens long even where it is longer than every TTFT prompt."""
+    require_module("transformers", "transformers comes with the bench extra, which nox -s tests installs")
+    from w4a16.bench import e2e
+
+    model = e2e.build_model("llama3.1-8b", "cpu", _TINY_E2E)
+    prompts = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: prompts.append(kwargs["input_ids"].shape[1]),
+                                    with_kwargs=True)
+    times = iter([100.0, 5.0, 9.0, 6.0, 40.0])  # 1 warm-up + 3 prefills, then one decode of 4 tokens
+    monkeypatch.setattr(e2e._Timer, "elapsed_ms", lambda self, fn: fn() or next(times))
+    result = e2e.measure(model, "tiny", "bf16", prompt_lengths=(8,), decode_tokens=4, decode_prompt=12, reps=3)
+    assert result.ttft_eager_ms == {8: 6.0} and result.ttft_ms == {}
+    assert result.tpot_ms == 10.0
+    assert prompts == [8] * 4 + [12] + [1] * 4
+
+
+def test_e2e_a_non_finite_prefill_is_reported_whatever_the_later_ones_give():
+    require_module("transformers", "transformers comes with the bench extra, which nox -s tests installs")
+    from w4a16.bench import e2e
+
+    model = e2e.build_model("llama3.1-8b", "cpu", _TINY_E2E)
+
+    def overflow_at_8_tokens(module, args, kwargs, output):
+        if kwargs["input_ids"].shape[1] == 8:
+            output.logits = torch.full_like(output.logits, float("inf"))
+        return output
+
+    model.register_forward_hook(overflow_at_8_tokens, with_kwargs=True)
+    result = e2e.measure(model, "tiny", "bf16", prompt_lengths=(8, 16), decode_tokens=2, decode_prompt=16, reps=1)
+    assert not result.finite
+
+
+def test_e2e_passes_the_static_cache_under_the_name_the_models_forward_takes():
+    """A cache under a keyword forward does not name would be swallowed by **kwargs: the model would build its own
+    dynamic cache and the static-cache measurement would silently not be one."""
+    from w4a16.bench import e2e
+
+    class Older(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs): ...
+
+    class Newer(torch.nn.Module):
+        def forward(self, input_ids, cache=None, **kwargs): ...
+
+    assert e2e._cache_keyword(Older()) == "past_key_values" and e2e._cache_keyword(Newer()) == "cache"

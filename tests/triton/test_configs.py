@@ -540,3 +540,31 @@ def test_a_merge_of_a_merged_table_keeps_where_its_other_buckets_came_from():
     results = [{"n": 8, "k": 64, "m": 16, "configs": [(config, 1.0)], "dequant_blas_us": 9.0}]
     _, meta = merge_tables(base, build_table(results), [16])
     assert meta == {"merged": {"retuned_m": [16], "other_buckets_from": first_run}}
+
+
+# --- Routing and argument checks that need no kernel launch ------------------------------------------------------
+
+
+def test_offsets_are_refused_only_past_int32_max():
+    """2^31 - 1 elements still index in 32 bits; one more does not (x [M, K] for the fused kernel)."""
+    from w4a16.triton import index_limit_reason
+
+    assert index_limit_reason(1, 1, 2**31 - 1, "triton") is None
+    assert index_limit_reason(1, 1, 2**31, "triton") == "M*K=2147483648 exceeds the kernel's 32-bit indexing (2^31 - 1)"
+    assert index_limit_reason(2**31, 1, 1, "dequant_blas") is None  # its matmul is torch's: any M
+
+
+def test_the_routes_reasons_by_device(monkeypatch):
+    import torch
+
+    import w4a16.triton as tri
+
+    assert "TRITON_INTERPRET=1 was set" in tri.unavailable_reason("cuda")  # this process interprets (conftest)
+    assert tri.unavailable_reason("meta") == "no Triton backend for device type 'meta'"
+    assert tri.table_arch(torch.device("cpu")) == "generic"
+    # On a GPU only the fused route depends on the table's kernels (wgmma); dequant_blas has its own kernel.
+    monkeypatch.setattr(tri, "_interpreting", lambda: False)
+    monkeypatch.setattr(tri, "_wgmma_reason", lambda device: "the wgmma kernel cannot run here")
+    assert tri.unavailable_reason("cuda", "triton") == "the wgmma kernel cannot run here"
+    assert tri.unavailable_reason("cuda", "dequant_blas") is None
+    assert "set TRITON_INTERPRET=1" in tri.unavailable_reason("cpu")

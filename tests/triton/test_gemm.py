@@ -7,6 +7,7 @@ same cases run for real in fp16 and bf16, plus every model shape of the bench ca
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -137,6 +138,22 @@ def test_offsets_past_32_bits_drop_the_split_and_the_row_stride(generator, monke
     (x2d,) = launched
     assert x2d.is_contiguous()
     assert not [s for s in slices if s and isinstance(s[0], tuple) and len(s[0]) == 3], "no split-K workspace"
+
+
+def test_a_row_stride_is_kept_while_the_last_row_ends_within_32_bits(generator, monkeypatch):
+    """x is copied only where (M - 1) * stride + K, the end of its last row, is past the 32-bit limit."""
+    import w4a16.triton as tri
+
+    m, k, stride = 4, 128, 512
+    last = (m - 1) * stride + k  # 1664: M*K, M*N and N*K below it
+    qw = random_weight(8, k, 128, True, torch.float16, DEVICE, generator)
+    x = random_activation(m, stride, torch.float16, DEVICE, generator)[:, :k]
+    monkeypatch.setattr(tri, "_INT32_MAX", last)
+    kept, _ = tri._validate(x, qw, None, "triton")
+    assert kept.stride() == (stride, 1) and kept.data_ptr() == x.data_ptr()
+    monkeypatch.setattr(tri, "_INT32_MAX", last - 1)
+    copied, _ = tri._validate(x, qw, None, "triton")
+    assert copied.is_contiguous() and torch.equal(copied, x)
 
 
 def test_a_config_whose_block_k_does_not_divide_the_group_is_refused(generator):
@@ -274,3 +291,88 @@ def test_model_shapes(nk, m, dtype, generator):
     assert_matches_reference(out, x, qw, bias)
     if m == 2048:
         assert_matches_reference(dequant_blas_gemm(x, qw, bias), x, qw, bias)
+
+
+# --- The PTX dequantization (sm_90), read by a small emulator of the instructions it uses ----------------------
+
+
+def _halves(bits: int, dtype: torch.dtype) -> list[float]:
+    lanes = torch.tensor([bits & 0xFFFF, bits >> 16], dtype=torch.int32).to(torch.int16)
+    return lanes.view(dtype).float().tolist()
+
+
+def _bits(values: list[float], dtype: torch.dtype) -> int:
+    low, high = (int(v) & 0xFFFF for v in torch.tensor(values).to(dtype).view(torch.int16).tolist())
+    return low | high << 16
+
+
+def _run_ptx(text: str, inputs: dict[str, int], dtype: torch.dtype) -> dict[str, int]:
+    """Runs the straight-line PTX of dequant_tile on 32-bit registers; $n inputs and outputs are 16-bit."""
+    regs = dict(inputs)
+
+    def value(operand: str) -> int:
+        return int(operand, 16) if operand.startswith("0x") else int(operand) if operand.isdigit() else regs[operand]
+
+    for line in text.splitlines():
+        op, _, rest = line.rstrip(";").partition(" ")
+        if op in ("{", "}", ".reg"):
+            continue
+        unpack = re.fullmatch(r"\{(\S+), (\S+)\}, (\S+)", rest)  # mov.b32 {low, high}, register
+        pack = re.fullmatch(r"(\S+), \{(\S+), (\S+)\}", rest)  # mov.b32 register, {low, high}
+        if op == "mov.b32" and unpack:
+            low, high, src = unpack.groups()
+            regs[low], regs[high] = regs[src] & 0xFFFF, regs[src] >> 16
+            continue
+        if op == "mov.b32" and pack:
+            dst, low, high = pack.groups()
+            regs[dst] = regs[low] | regs[high] << 16
+            continue
+        dst, *args = (part.strip() for part in rest.split(","))
+        if op == "lop3.b32":
+            a, b, c, lut = (value(s) for s in args)
+            regs[dst] = sum(((lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i for i in range(32))
+        elif op == "shr.u32":
+            regs[dst] = value(args[0]) >> value(args[1])
+        elif op.startswith(("sub.rn.", "mul.rn.")):
+            assert op.endswith({torch.float16: "f16x2", torch.bfloat16: "bf16x2"}[dtype]), op
+            (a0, a1), (b0, b1) = _halves(value(args[0]), dtype), _halves(value(args[1]), dtype)
+            # exact in Python's floats and in fp32 (integers below 2^11, products of 11-bit mantissas): one rounding
+            regs[dst] = _bits([a0 - b0, a1 - b1] if op.startswith("sub") else [a0 * b0, a1 * b1], dtype)
+        else:
+            raise AssertionError(f"instruction the emulator does not know: {line}")
+    return regs
+
+
+@pytest.mark.parametrize(("dtype", "magic"), [(torch.float16, 1024.0), (torch.bfloat16, 128.0)], ids=str)
+def test_the_ptx_dequantization_computes_the_layouts_weights(dtype, magic, generator):
+    """$0..$7 = (q_k - z) * s in k order for one packed word, with $9 = MAGIC + z and $10 = s: the nibbles as the
+    layout's unpack_int4 reads them. MAGIC is the power of two whose ulp in the dtype is 1 (2^10 fp16, 2^7 bf16)."""
+    from w4a16.triton.dequant_tile import ptx_dequant_asm
+
+    words = torch.randint(-(2**31), 2**31, (16, 1), dtype=torch.int32, generator=generator)
+    q = w4a16.unpack_int4(words)
+    text = ptx_dequant_asm(dtype == torch.bfloat16)
+    for row in range(words.shape[0]):
+        z = int(torch.randint(0, 16, (1,), generator=generator))
+        s = float(torch.randn(1, generator=generator).mul(0.01).to(dtype))
+        half = lambda v: _bits([v, 0.0], dtype)  # noqa: E731 - a 16-bit input in the low lane
+        regs = _run_ptx(text, {"$8": int(words[row, 0]) & 0xFFFFFFFF, "$9": half(magic + z), "$10": half(s)}, dtype)
+        got = [_halves(regs[f"${j}"], dtype)[0] for j in range(8)]
+        expected = ((q[row].float() - z) * s).to(dtype).float().tolist()
+        assert got == expected, (row, z, s)
+
+
+def test_the_magic_constants_are_one_ulp_floats_and_their_pairs():
+    """OR-ing a nibble into the low mantissa bits of MAGIC gives MAGIC + q exactly only if MAGIC's ulp is 1; the
+    *_PAIR words are MAGIC's 16 bits in both lanes, as magic_pair_hex writes them into the PTX."""
+    from w4a16.triton import dequant_tile as dt
+
+    for dtype, magic, pair, is_bf16 in ((torch.float16, dt.FP16_MAGIC, dt.FP16_MAGIC_PAIR, False),
+                                        (torch.bfloat16, dt.BF16_MAGIC, dt.BF16_MAGIC_PAIR, True)):
+        bits = int(torch.tensor(magic.value, dtype=dtype).view(torch.int16))
+        assert pair.value == bits | bits << 16
+        assert int(magic.value) & 0xF == 0 and bits & 0xF == 0
+        for q in range(16):
+            assert torch.tensor(bits | q, dtype=torch.int16).view(dtype).item() == magic.value + q
+        assert dt.magic_pair_hex(is_bf16) == f"{pair.value:#010x}"
+    assert dt.magic_pair_hex(True) == "0x43004300" and dt.magic_pair_hex(False) == "0x64006400"
