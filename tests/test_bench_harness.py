@@ -428,15 +428,17 @@ def _write_collected(kwargs, benches):
         Path(path).write_text(json.dumps([results._info_key(b["extra_info"]) for b in benches]))
 
 
-def _fake_bench_run(monkeypatch, benches, selected=None):
-    """cli._run_kernels with the child pytest replaced by one that writes `benches` as its JSON (exit status 0),
-    having selected `selected` (default: `benches`)."""
+def _fake_bench_run(monkeypatch, benches, selected=None, status=0, calls=None):
+    """cli._run_kernels with the child pytest replaced by one that writes `benches` as its JSON and exits with
+    `status`, having selected `selected` (default: `benches`); each command it gets is appended to `calls`."""
 
     def fake_pytest(command, **kwargs):
+        if calls is not None:
+            calls.append(command)
         [json_arg] = [a for a in command if a.startswith("--benchmark-json=")]
         _write_run(Path(json_arg.split("=", 1)[1]), "2026-01-03T00:00:00", benches)
         _write_collected(kwargs, benches if selected is None else selected)
-        return 0
+        return status
 
     monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
     monkeypatch.setattr(cli, "_plots", lambda *args: [])
@@ -1187,18 +1189,7 @@ def test_a_benchmark_run_that_failed_is_neither_measured_again_nor_saved(tmp_pat
     storage = tmp_path / "sm_90"
     _write_run(storage / "machine" / "0001_quick.json", "2026-01-01T00:00:00", BASE)
     calls = []
-
-    def failing_pytest(command, **kwargs):
-        calls.append(command)
-        [json_arg] = [a for a in command if a.startswith("--benchmark-json=")]
-        benches = _scaled(BASE, slowdown, {"auto"})
-        _write_run(Path(json_arg.split("=", 1)[1]), "2026-01-03T00:00:00", benches)
-        _write_collected(kwargs, benches)
-        return 1
-
-    monkeypatch.setattr(cli.subprocess, "call", failing_pytest)
-    monkeypatch.setattr(cli, "_plots", lambda *args: [])
-    monkeypatch.setattr(cli, "_device_name", lambda: "NVIDIA H200")
+    _fake_bench_run(monkeypatch, _scaled(BASE, slowdown, {"auto"}), status=1, calls=calls)
     args = argparse.Namespace(set="quick", save=True, compare="newest", pytest_args=[], inject_slowdown=False)
     assert cli._run_kernels(args, "sm_90", None, 0.10, storage, tmp_path / "out", "stamp") == 1
     assert len(calls) == 1
