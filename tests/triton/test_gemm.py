@@ -111,6 +111,54 @@ def test_split_k_with_an_empty_split(dtype, generator, monkeypatch):
     assert_matches_reference(out, x, qw, bias)
 
 
+def test_more_m_tiles_than_one_group_of_the_programs_order(generator):
+    """Programs walk the output in groups of GROUP_M tiles along M: with 10 M tiles the second group is a partial one
+    of 2, whose tiles must still each be computed once."""
+    from w4a16.triton.gemm_kernel import GROUP_M, launch_gemm
+
+    config = TileConfig(16, 32, 32, 4, 1, 1, False)
+    m, n, k = (GROUP_M + 1) * config.block_m + 3, 72, 64
+    qw = random_weight(n, k, 32, False, torch.float16, DEVICE, generator)
+    x = random_activation(m, k, torch.float16, DEVICE, generator)
+    out = launch_gemm(x, qw, None, config, out=_poisoned(m, n, torch.float16))
+    assert_matches_reference(out, x, qw)
+
+
+@pytest.mark.parametrize("config", [TileConfig(16, 32, 32, 4, 1, 1, True), TileConfig(16, 32, 32, 4, 1, 1, False),
+                                    TileConfig(16, 32, 32, 4, 1, 2, False)],
+                         ids=["weight-left", "x-left", "x-left-split2"])
+def test_rows_of_x_and_out_at_their_own_strides(config, generator):
+    """triton_gemm keeps a row-strided x (see _validate), and `out` may be a view with rows apart: both kernels
+    must step rows by the strides they are given, and leave what lies between out's rows alone."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k = 19, 40, 128
+    qw = random_weight(n, k, 32, False, torch.float16, DEVICE, generator)
+    x = random_activation(m, 2 * k, torch.float16, DEVICE, generator)[:, :k]
+    bias = _bias(n, torch.float16, generator)
+    wide = _poisoned(m, n + 24, torch.float16)
+    out = launch_gemm(x, qw, bias, config, out=wide[:, :n])
+    assert_matches_reference(out, x, qw, bias)
+    assert wide[:, n:].isnan().all(), "written past N"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_k_keeps_its_partial_sums_in_fp32(dtype, generator):
+    """Two splits whose partial sums nearly cancel: the second half of K repeats the first with negated scales and
+    x nudged by a 64th, so each partial is some 64 times the result. Partials rounded to 16 bits before they are
+    added would err by a fraction of their own ulp, far past the tolerance on the small result."""
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k = 5, 40, 256
+    half = random_weight(n, k // 2, 32, False, dtype, DEVICE, generator)
+    qw = w4a16.QuantizedWeight(torch.cat([half.qweight] * 2, 1), torch.cat([half.scales, -half.scales], 1),
+                               torch.cat([half.zeros] * 2, 1), 32)
+    first = random_activation(m, k // 2, dtype, DEVICE, generator)
+    x = torch.cat([first, first + random_activation(m, k // 2, dtype, DEVICE, generator) / 64], 1)
+    out = launch_gemm(x, qw, None, TileConfig(16, 32, 32, 4, 1, 2, True), out=_poisoned(m, n, dtype))
+    assert_matches_reference(out, x, qw)
+
+
 def test_offsets_past_32_bits_drop_the_split_and_the_row_stride(generator, monkeypatch):
     """The kernels index the split-K slices [split, M, N] and x's rows (row * stride) in 32 bits, beyond the
     M * K, M * N and N * K that index_limit_reason bounds: triton_gemm must run such a call unsplit and on a
@@ -137,6 +185,10 @@ def test_offsets_past_32_bits_drop_the_split_and_the_row_stride(generator, monke
     assert_matches_reference(triton_gemm(x, qw), x, qw)
     (x2d,) = launched
     assert x2d.is_contiguous()
+    assert not [s for s in slices if s and isinstance(s[0], tuple) and len(s[0]) == 3], "no split-K workspace"
+    # launch_gemm applies the same limit to a config given directly (the tuner launches its candidates so).
+    x = x.contiguous()
+    assert_matches_reference(launch(x, qw, None, TileConfig(32, 64, 32, 4, 2, 16, False)), x, qw)
     assert not [s for s in slices if s and isinstance(s[0], tuple) and len(s[0]) == 3], "no split-K workspace"
 
 
@@ -210,6 +262,38 @@ def test_dequant_blas_refuses_k_tiles_past_the_grid_limit(generator):
     assert {key: flat.numel() for key, flat in dequant_blas._WORKSPACES.items()} == before, "no workspace for it"
 
 
+def test_dequant_blas_takes_k_tiles_up_to_the_grid_limit(generator, monkeypatch):
+    """A K tile past a grid's y extent is refused (above); one at the extent still runs. The extent is lowered here
+    so that a small K reaches it."""
+    from w4a16.triton import dequant_blas
+
+    m, n, k = 3, 24, 256
+    monkeypatch.setattr(dequant_blas, "GRID_YZ_MAX", k // 32)
+    qw = random_weight(n, k, 32, False, torch.float16, DEVICE, generator)
+    x = random_activation(m, k, torch.float16, DEVICE, generator)
+    assert_matches_reference(dequant_blas_gemm(x, qw), x, qw)
+
+
+def test_dequant_blas_workspace_grows_to_the_largest_weight_and_is_reused(generator):
+    """One workspace per device and dtype: a larger weight replaces it with a larger one, a smaller weight
+    dequantizes into the front of it, and another dtype has a workspace of its own."""
+    from w4a16.triton import dequant_blas
+
+    dtype = torch.float16
+    small = random_weight(24, 128, 32, False, dtype, DEVICE, generator)
+    large = random_weight(40, 256, 64, True, dtype, DEVICE, generator)
+    dequant_blas.release_workspaces()
+    used = []
+    for qw in (small, large, small):
+        x = random_activation(3, qw.k, dtype, DEVICE, generator)
+        assert_matches_reference(dequant_blas_gemm(x, qw), x, qw)
+        used.append(dequant_blas._WORKSPACES[(x.device, dtype)])
+    assert [flat.numel() for flat in used] == [small.n * small.k, large.n * large.k, large.n * large.k]
+    assert used[2] is used[1], "the larger workspace is reused, not replaced"
+    other = dequant_blas.workspace(x.device, torch.bfloat16, small.n, small.k)
+    assert other.dtype == torch.bfloat16 and other.shape == (small.n, small.k)
+
+
 @pytest.mark.parametrize("route", [triton_gemm, dequant_blas_gemm], ids=["triton", "dequant_blas"])
 def test_public_entry_points(route, generator):
     """Table-selected config, non-contiguous x and bias (made contiguous), M = 0."""
@@ -235,6 +319,42 @@ def test_errors(generator):
         triton_gemm(x[:, :64], qw)
     with pytest.raises(ValueError, match="bias must be a tensor of shape"):
         triton_gemm(x, qw, torch.zeros(3, dtype=torch.float16, device=DEVICE))
+
+
+def test_calls_past_32_bit_offsets_are_refused(generator, monkeypatch):
+    """The fused kernel indexes x, y and W in 32 bits, dequant_blas only W: each route refuses a call past its own
+    limits (lowered here so that small shapes reach them) and takes the rest."""
+    import w4a16.triton as triton_route
+
+    m, n, k = 8, 4, 128  # M * K = 1024, N * K = 512, M * N = 32
+    qw = random_weight(n, k, 32, False, torch.float16, DEVICE, generator)
+    x = random_activation(m, k, torch.float16, DEVICE, generator)
+    monkeypatch.setattr(triton_route, "_INT32_MAX", m * k - 1)
+    with pytest.raises(ValueError, match=r"triton_gemm: M\*K=1024 exceeds the kernel's 32-bit indexing"):
+        triton_gemm(x, qw)
+    assert_matches_reference(dequant_blas_gemm(x, qw), x, qw)
+    monkeypatch.setattr(triton_route, "_INT32_MAX", n * k - 1)
+    with pytest.raises(ValueError, match=r"dequant_blas_gemm: N\*K=512 exceeds the kernel's 32-bit indexing"):
+        dequant_blas_gemm(x, qw)
+
+
+def test_triton_gemm_launches_the_tables_config_for_the_weights_shape(generator, monkeypatch):
+    """triton_gemm selects by the weight's (N, K) and group size: a tall weight (K >= 2N) gets the table's "tall"
+    rule with BLOCK_K clamped to G, a wide one the "any" rule."""
+    from w4a16.triton import configs, gemm_kernel
+
+    tall, wide = TileConfig(16, 32, 64, 4, 1, 2, True), TileConfig(32, 64, 32, 4, 1, 1, False)
+    monkeypatch.setattr(configs, "load_table", lambda arch: configs.Table(
+        "test", {}, ((16, (("tall", tall), ("any", wide))),), {}, None))
+    launched = []
+    launch = gemm_kernel.launch_gemm
+    monkeypatch.setattr(gemm_kernel, "launch_gemm",
+                        lambda x2d, qw, bias, config: launched.append(config) or launch(x2d, qw, bias, config))
+    for n, k in ((24, 128), (72, 64)):
+        qw = random_weight(n, k, 32, False, torch.float16, DEVICE, generator)
+        x = random_activation(5, k, torch.float16, DEVICE, generator)
+        assert_matches_reference(triton_gemm(x, qw), x, qw)
+    assert launched == [tall.for_group(32), wide]
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's bf16 limitation: CPU only")
@@ -341,6 +461,16 @@ def _run_ptx(text: str, inputs: dict[str, int], dtype: torch.dtype) -> dict[str,
         else:
             raise AssertionError(f"instruction the emulator does not know: {line}")
     return regs
+
+
+def test_the_ptx_dequantization_is_taken_from_sm_90_on():
+    """Its packed bf16x2 sub and mul exist from sm_90; older NVIDIA GPUs, AMD and the interpreter run the portable
+    form."""
+    from w4a16.triton.gemm_kernel import ptx_dequant_for, ptx_dequant_for_arch
+
+    archs = ("sm_80", "sm_89", "sm_90", "sm_100", "gfx1151", "gfx1201")
+    assert [ptx_dequant_for_arch(arch) for arch in archs] == [False, False, True, True, False, False]
+    assert not ptx_dequant_for(torch.device("cpu"))
 
 
 @pytest.mark.parametrize(("dtype", "magic"), [(torch.float16, 1024.0), (torch.bfloat16, 128.0)], ids=str)
