@@ -8,8 +8,15 @@
 // Usage: emulate_dot2 DIR DTYPE G SYMMETRIC M N K GRID HAS_BIAS
 //   DIR holds x.bin [M, K], qweight.bin [N, K/8] int32, scales.bin [N, K/G], zeros.bin [N, K/G] uint8 (asymmetric),
 //   bias.bin [N] (HAS_BIAS), 16-bit values as raw bits; writes out.bin [M, N]. GRID is the number of blocks.
+//   Every operand ends where an inaccessible page begins: a read or write past its end stops the run.
+// Usage: emulate_dot2 round DIR DTYPE COUNT
+//   The epilogue's rounding alone: DIR/values.bin holds COUNT fp32; writes out.bin, from_float of each.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <barrier>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -44,13 +51,17 @@ struct Block {
 inline thread_local Block* block_of_thread = nullptr;
 
 inline void __syncthreads() { block_of_thread->sync.arrive_and_wait(); }
-// Every lane of the wave calls it with the same mask (the kernel's butterfly), as on the GPU.
+// Every lane of the wave calls it with the same mask (the kernel's butterfly), as on the GPU. The partner lane is
+// HIP's (amd_warp_functions.h): lane ^ mask, or the lane itself where that lies past the end of its width-wide
+// segment, so a butterfly with too small a width sums a lane's own value twice, as it would on the GPU.
 inline float __shfl_xor(float v, int mask, int width) {
-  const int t = int(threadIdx.x), base = t - t % width;
+  const int t = int(threadIdx.x), lane = t % 32;
   std::barrier<>& wave = *block_of_thread->waves[t / 32];
+  int partner = lane ^ mask;
+  if (partner >= ((lane + width) & ~(width - 1))) partner = lane;
   block_of_thread->exchange[t] = v;
   wave.arrive_and_wait();
-  const float other = block_of_thread->exchange[base + ((t - base) ^ mask)];
+  const float other = block_of_thread->exchange[t - lane + partner];
   wave.arrive_and_wait();
   return other;
 }
@@ -87,6 +98,31 @@ static std::vector<T> read_file(const std::string& path, size_t count) {
   return data;
 }
 
+// A copy of `data` that ends where an inaccessible page begins, so that the kernel's first access past the end faults
+// (on the GPU it would read or overwrite a neighbour's memory unseen). The process exits after one launch; the
+// mapping is never released.
+template <typename T>
+static T* ending_at_a_guard_page(const std::vector<T>& data) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)), bytes = data.size() * sizeof(T);
+  const size_t pages = (bytes + page - 1) / page;
+  void* mapping = mmap(nullptr, (pages + 1) * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapping == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(2);
+  }
+  auto* guard = static_cast<unsigned char*>(mapping) + pages * page;
+  mprotect(guard, page, PROT_NONE);
+  T* copy = reinterpret_cast<T*>(guard - bytes);  // x and qweight, read in 16-byte pieces, are 16-byte multiples
+  std::memcpy(copy, data.data(), bytes);
+  return copy;
+}
+
+static void on_guard_page_fault(int) {
+  static const char message[] = "the kernel touched memory past the end of an operand\n";
+  (void)write(2, message, sizeof(message) - 1);
+  _exit(4);
+}
+
 struct Problem {
   std::vector<uint16_t> x, scales, bias, out;
   std::vector<int32_t> qweight;
@@ -99,6 +135,13 @@ static void launch(Problem& p) {
   const int threads = block_threads<M>();
   blockDim.x = threads;
   gridDim.x = p.grid;
+  const uint16_t* x = ending_at_a_guard_page(p.x);
+  const auto* qweight = reinterpret_cast<const Words4*>(ending_at_a_guard_page(p.qweight));
+  const uint16_t* scales = ending_at_a_guard_page(p.scales);
+  const uint8_t* zeros = kSymmetric ? nullptr : ending_at_a_guard_page(p.zeros);
+  const uint16_t* bias = p.bias.empty() ? nullptr : ending_at_a_guard_page(p.bias);
+  uint16_t* out = ending_at_a_guard_page(p.out);
+  std::signal(SIGSEGV, on_guard_page_fault);
   for (int b = 0; b < p.grid; ++b) {
     blockIdx.x = b;
     std::memset(smem, 0xFF, sizeof(smem));  // NaN bits: a read of anything the block did not stage shows
@@ -108,9 +151,7 @@ static void launch(Problem& p) {
       lanes.emplace_back([&, t] {
         threadIdx.x = t;
         block_of_thread = &block;
-        skinny_gemm_kernel<Tag, G, kSymmetric, M>(
-            p.x.data(), reinterpret_cast<const Words4*>(p.qweight.data()), p.scales.data(),
-            kSymmetric ? nullptr : p.zeros.data(), p.bias.empty() ? nullptr : p.bias.data(), p.out.data(), p.n, p.k);
+        skinny_gemm_kernel<Tag, G, kSymmetric, M>(x, qweight, scales, zeros, bias, out, p.n, p.k);
       });
     for (auto& lane : lanes) lane.join();
     // The HIP launcher gives a block staging_bytes(M * K) of dynamic LDS (skinny_kernel.cu, launch_shared_bytes):
@@ -123,6 +164,7 @@ static void launch(Problem& p) {
         std::exit(3);
       }
   }
+  std::memcpy(p.out.data(), out, p.out.size() * sizeof(uint16_t));
 }
 
 template <typename Tag, int G, bool kSymmetric, int M = 1>
@@ -148,9 +190,28 @@ static bool dispatch(Problem& p, int group, bool symmetric) {
   }
 }
 
+static void write_file(const std::string& path, const std::vector<uint16_t>& data) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(data.data(), sizeof(uint16_t), data.size(), f);
+  std::fclose(f);
+}
+
+// The epilogue's cast of the fp32 sum to the output dtype, on every value of DIR/values.bin.
+static int round_values(const std::string& dir, const std::string& dtype, size_t count) {
+  const std::vector<float> values = read_file<float>(dir + "/values.bin", count);
+  std::vector<uint16_t> out(count);
+  for (size_t i = 0; i < count; ++i)
+    out[i] = dtype == "bf16" ? from_float(values[i], Bf16Tag{}) : from_float(values[i], Fp16Tag{});
+  write_file(dir + "/out.bin", out);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "round")
+    return round_values(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10));
   if (argc != 10) {
-    std::fprintf(stderr, "usage: %s DIR DTYPE G SYMMETRIC M N K GRID HAS_BIAS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR DTYPE G SYMMETRIC M N K GRID HAS_BIAS\n       %s round DIR DTYPE COUNT\n",
+                 argv[0], argv[0]);
     return 2;
   }
   const std::string dir = argv[1], dtype = argv[2];
@@ -174,8 +235,6 @@ int main(int argc, char** argv) {
                  p.m);
     return 2;
   }
-  FILE* f = std::fopen((dir + "/out.bin").c_str(), "wb");
-  std::fwrite(p.out.data(), sizeof(uint16_t), p.out.size(), f);
-  std::fclose(f);
+  write_file(dir + "/out.bin", p.out);
   return 0;
 }

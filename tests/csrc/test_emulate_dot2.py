@@ -5,7 +5,8 @@ offset removal, wave reduction and epilogue run. Its arithmetic is the kernel's 
 emulation: the products summed in double, rounded to fp32 once) and the lane exchange. Every instantiation the
 HIP build compiles (fp16/bf16 x G x sym/asym x M = 1..5), and the shapes where the row split and the chunk loop
 have edges. Outputs start as NaN, so one the kernel does not write fails; shared memory starts as NaN too, and a
-block that writes past the LDS its launcher allocates fails.
+block that writes past the LDS its launcher allocates fails; every operand ends at an inaccessible page, so a read or
+write past its end fails. The epilogue's rounding (from_float) is also checked alone, against torch's casts.
 """
 
 from __future__ import annotations
@@ -71,6 +72,38 @@ def test_every_instantiation(emulator, tmp_path, dtype, group, symmetric, m):
     ("fp16", 32, False, 3, 1, 64, 3),  # one row: all waves but one have none
     ("bf16", 64, True, 2, 300, 128, 1),  # many rows per wave, K of two chunks
     ("fp16", 128, True, 3, 97, 8192, 4),  # long K: four steps of the chunk loop
+    ("fp16", 64, False, 2, 45, 3328, 2),  # 104 chunks: the last step's second chunk is past K on lanes 8..31
 ])
 def test_row_split_and_chunk_loop_edges(emulator, tmp_path, dtype, group, symmetric, m, n, k, blocks):
     run_dot2_kernel(emulator, tmp_path, dtype, group, symmetric, m, n, k, blocks, with_bias=True, seed=n * k + m)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_epilogue_rounds_like_torch(emulator, tmp_path, dtype):
+    """from_float, the epilogue's cast of the fp32 sum, gives torch's cast bit for bit: the nearest value, ties to
+    even, overflow to infinity, NaN kept. Checked on random values, on the ties halfway between random 16-bit values
+    and the next ones up (exact in fp32), and on the fp32 values just either side of those ties."""
+    torch_dtype = DTYPES[dtype]
+    generator = torch.Generator().manual_seed(7 if dtype == "fp16" else 8)
+    # Random 16-bit patterns and the next pattern up (both signs, subnormals too; the bound leaves room for + 1).
+    low_bits = torch.randint(-2**15, 2**15 - 1, (4096,), generator=generator, dtype=torch.int16)
+    low, high = low_bits.view(torch_dtype).float(), (low_bits + 1).view(torch_dtype).float()
+    both_finite = torch.isfinite(low) & torch.isfinite(high)
+    ties = ((low + high) / 2)[both_finite]
+    largest = torch.finfo(torch_dtype).max
+    values = torch.cat([
+        ties, torch.nextafter(ties, torch.tensor(float("inf"))), torch.nextafter(ties, torch.tensor(-float("inf"))),
+        torch.randn(4096, generator=generator) * 2.0 ** torch.randint(-30, 20, (4096,), generator=generator),
+        torch.tensor([largest * 1.01, -largest * 1.01, float("inf"), -float("inf"), float("nan")]),
+    ])
+    values = values[values != 0]
+    values.numpy().tofile(tmp_path / "values.bin")
+    run = subprocess.run([str(emulator), "round", str(tmp_path), dtype, str(values.numel())], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    got = torch.from_numpy(np.fromfile(tmp_path / "out.bin", dtype=np.int16)).view(torch_dtype)
+    want = values.to(torch_dtype)
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    wrong = (~same).nonzero().flatten()[:5].tolist()
+    assert same.all(), (f"{int((~same).sum())} of {values.numel()} casts differ from torch's; first: "
+                        f"{[(values[i].item(), got[i].item(), want[i].item()) for i in wrong]}")
