@@ -7,6 +7,7 @@
 //        -o /tmp/time_skinny tests/csrc/time_skinny.cu
 //   /tmp/time_skinny                      # the eight bench layers at M = 1, 5 and 8, then fp16 and G < 128 cases
 //   TIME_SKINNY_LAYER=llama_gate_up /tmp/time_skinny     # M = 1 of one layer (for ncu)
+//   TIME_SKINNY_MORE=1 /tmp/time_skinny   # and M = 1 and 5 of the bench catalogue's other models
 //   (built with -DTIME_SKINNY_TMA: the TMA-fed probe of tma_skinny.cuh instead; G = 128, symmetric, K % 256 == 0;
 //   -DTMA_STAGES=N: its ring's stages, 6 by default, 4 where N do not fit)
 //
@@ -132,7 +133,13 @@ void time_layer(const char* name, int n, int k, int sms) {
   const int shared = tma_probe::shared_bytes(fits ? TMA_STAGES : 4, M, k), threads = tma_probe::kThreads;
 #else
   auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
+#if defined(W4A16_BLOCK_WARPS)  // as the launcher (skinny_kernel.cu) picks them
+  int warps = tensor_core::block_warps(n, k, std::min(sms, (n + 15) / 16), 1);
+  if (tensor_core::shared_bytes(M, k, warps) > limit) warps = tensor_core::kBaseWarps;
+  const int shared = tensor_core::shared_bytes(M, k, warps), threads = warps * 32;
+#else  // a kernel version with a fixed block
   const int shared = tensor_core::shared_bytes(M, k), threads = tensor_core::kThreads;
+#endif
 #endif
   if (shared > limit) {
     std::printf("%-22s M=%d skipped: %d bytes of shared memory\n", name, M, shared);
@@ -225,6 +232,21 @@ int main() {
     if (!only) time_layer<8>(l.name, l.n, l.k, sms);
   }
   if (only) return all_checks_passed ? 0 : 1;
+  // TIME_SKINNY_MORE=1: also M = 1 and 5 of the other models of the bench catalogue (w4a16/bench/catalogue.py),
+  // for a change whose gains and losses depend on the shape (rounds per block, k-steps per warp).
+  if (std::getenv("TIME_SKINNY_MORE")) {
+    const Layer more[] = {{"qwen3-8b gate_up", 24576, 4096},    {"qwen3-8b down", 4096, 12288},
+                          {"qwen2.5-7b qkv", 4608, 3584},       {"qwen2.5-7b o", 3584, 3584},
+                          {"qwen2.5-7b gate_up", 37888, 3584},  {"qwen2.5-7b down", 3584, 18944},
+                          {"gemma3-4b qkv", 4096, 2560},        {"gemma3-4b o", 2560, 2048},
+                          {"gemma3-4b gate_up", 20480, 2560},   {"gemma3-4b down", 2560, 10240},
+                          {"smollm2-1.7b qkv", 6144, 2048},     {"smollm2-1.7b o", 2048, 2048},
+                          {"smollm2-1.7b gate_up", 16384, 2048}, {"smollm2-1.7b down", 2048, 8192}};
+    for (const Layer& l : more) {
+      time_layer<1>(l.name, l.n, l.k, sms);
+      time_layer<5>(l.name, l.n, l.k, sms);
+    }
+  }
   for (const Layer& l : {layers[0], layers[2], layers[5]}) {
     char name[48];
     std::snprintf(name, sizeof name, "%s fp16 uint4 g32", l.name);
