@@ -102,6 +102,29 @@ def test_asm_triton_defaults_and_given_options(tmp_path, monkeypatch):
     assert {name: seen[1][name] for name in defaults} == {**defaults, "m": 7, "dtype": "bf16", "symmetric": False}
 
 
+def test_asm_triton_compiles_and_summarizes_the_config_a_launch_selects(tmp_path, monkeypatch, capsys):
+    """The shape, dtype, group and format given reach the compile, with the config select_config picks for them."""
+    import w4a16.triton.asm as asm
+    from w4a16.__main__ import main
+    from w4a16.triton.configs import select_config
+
+    # The command unsets TRITON_INTERPRET for its compile (w4a16/asm.py): monkeypatch puts it back afterwards, so
+    # the tests after this one keep the interpreter.
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    calls = []
+    monkeypatch.setattr(asm, "compile_config", lambda *args: calls.append(args) or "compiled")
+    monkeypatch.setattr(asm, "write_assembly", lambda compiled, arch, out, stem: out / f"{stem}.s")
+    monkeypatch.setattr(asm, "summarize", lambda arch, compiled: {"arch": arch, "compiled": compiled})
+    monkeypatch.setattr(asm, "summary_text", lambda info: f"summary of {info['compiled']} for {info['arch']}")
+    assert main(["asm", "--backend", "triton", "--arch", "gfx1201", "--m", "7", "--n", "512", "--k", "1024",
+                 "--dtype", "bf16", "--group", "32", "--asymmetric", "--out", str(tmp_path)]) == 0
+    config = select_config("gfx1201", 7, 512, 1024, 32)
+    assert calls == [("gfx1201", config, "bf16", 32, False)]
+    out = capsys.readouterr().out
+    assert f"config   {', '.join(f'{k}={v}' for k, v in config.to_json().items())}" in out
+    assert "summary of compiled for gfx1201" in out
+
+
 @pytest.mark.parametrize(("options", "message"), [
     (["--m", "0"], "--m must be >= 1, got 0"), (["--n", "0"], "--n must be >= 1, got 0"),
     (["--k", "-128"], "--k must be >= 1, got -128"),

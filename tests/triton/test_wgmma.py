@@ -8,6 +8,7 @@ test_gemm.py::test_model_shapes.
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -60,6 +61,7 @@ def test_operand_order_kernel_matches_the_documented_permutation(dtype, generato
     (dict(block_m=256), "BLOCK_M=256 \\(must be 16, 32, 64 or 128\\)"),
     (dict(producer=True, block_m=32), "BLOCK_M=32 \\(the producer form takes 64, 128 or 256\\)"),
     (dict(producer=True, block_n=256, num_warps=16, num_stages=4), "the producer form needs 4 or 8 consumer warps"),
+    (dict(producer=True, block_n=128), "BLOCK_N=128, num_warps=4 \\(the producer form needs"),
     (dict(producer=True, num_stages=1), "num_stages=1 \\(at least 2\\)"),
     (dict(producer=True, x_gather=True), "x_gather with producer"),
     (dict(x_natural=True), "x_natural without producer"),
@@ -78,7 +80,8 @@ def test_producer_register_budget_fits_the_register_file():
     register file, and where the budget is sized for two CTAs per SM, their rings fit shared memory too."""
     from w4a16.triton.wgmma_kernel import PRODUCER_REGISTERS, producer_max_registers
 
-    for block_m, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
+    # Up to 6 stages: rings of 5 and 6 stages of 64 tokens fall either side of room for two CTAs.
+    for block_m, warps, stages in itertools.product((64, 128, 256), (4, 8), range(2, 7)):
         regs = producer_max_registers(block_m, warps, stages)
         threads = 32 * (warps + 4)
         ring = stages * (block_m * WGMMA_BLOCK_K * 2 + 16 * warps * WGMMA_BLOCK_K // 2)
@@ -86,6 +89,24 @@ def test_producer_register_budget_fits_the_register_file():
         assert regs % 8 == 0 and PRODUCER_REGISTERS < regs <= 232 and regs * threads <= 65536, case
         if 2 * regs * threads <= 65536:
             assert 2 * ring <= 227 * 1024, case
+
+
+@pytest.mark.parametrize(("capability", "reason"), [
+    ((9, 0), None), ((8, 0), "needs an sm_90 GPU \\(this is sm_80\\)"), ((10, 0), "\\(this is sm_100\\)"),
+    ((12, 0), "\\(this is sm_120\\)"),
+])
+def test_only_sm_90_runs_the_wgmma_kernel(monkeypatch, capability, reason):
+    """wgmma and setmaxnreg are sm_90a instructions: neither older nor newer GPUs can run the kernel."""
+    from w4a16.triton.wgmma_kernel import unsupported_reason
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    found = unsupported_reason.__wrapped__(torch.device("cuda", 0))  # uncached: the capability is faked
+    if reason is None:
+        assert found is None
+    else:
+        assert re.search(reason, found), found
+    assert unsupported_reason.__wrapped__(torch.device("cpu")) == "the wgmma kernel is NVIDIA-only"
 
 
 # (M, N, K, G): remainders in M against 16..128-token tiles, in N against 64/128 weight rows, K not a multiple of
