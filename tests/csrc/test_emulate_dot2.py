@@ -4,7 +4,8 @@ No AMD GPU is here, and the kernel is NVIDIA's no longer: this is where its inde
 offset removal, wave reduction and epilogue run. Its arithmetic is the kernel's own but for dot2 (portability.h's
 emulation: the products summed in double, rounded to fp32 once) and the lane exchange. Every instantiation the
 HIP build compiles (fp16/bf16 x G x sym/asym x M = 1..5), and the shapes where the row split and the chunk loop
-have edges. Outputs start as NaN, so one the kernel does not write fails; shared memory starts as NaN too, and a
+have edges. Outputs start as NaN, so one the kernel does not write fails; blocks run last first, so one that writes
+past its rows overwrites a finished neighbour's outputs and fails; shared memory starts as NaN too, and a
 block that writes past the LDS its launcher allocates fails; every operand ends at an inaccessible page, so a read or
 write past its end fails. The epilogue's rounding (from_float) is also checked alone, against torch's casts.
 """
