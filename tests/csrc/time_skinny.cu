@@ -133,13 +133,7 @@ void time_layer(const char* name, int n, int k, int sms) {
   const int shared = tma_probe::shared_bytes(fits ? TMA_STAGES : 4, M, k), threads = tma_probe::kThreads;
 #else
   auto kernel = tensor_core::skinny_gemm_kernel<Tag, G, kSymmetric, M, false>;
-#if defined(W4A16_BLOCK_WARPS)  // as the launcher (skinny_kernel.cu) picks them
-  int warps = tensor_core::block_warps(n, k, std::min(sms, (n + 15) / 16), 1);
-  if (tensor_core::shared_bytes(M, k, warps) > limit) warps = tensor_core::kBaseWarps;
-  const int shared = tensor_core::shared_bytes(M, k, warps), threads = warps * 32;
-#else  // a kernel version with a fixed block
   const int shared = tensor_core::shared_bytes(M, k), threads = tensor_core::kThreads;
-#endif
 #endif
   if (shared > limit) {
     std::printf("%-22s M=%d skipped: %d bytes of shared memory\n", name, M, shared);
