@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     try:
-        directory = build(verbose="-v" in (argv or sys.argv[1:]))
+        directory = build(verbose="-v" in (sys.argv[1:] if argv is None else argv))
     except RuntimeError as exc:
         print(f"nox -s build: {exc}", file=sys.stderr)
         return 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -20,8 +22,9 @@ def test_limits_from_the_header_table():
     assert {"sm_90", "gfx1151", "gfx1201", "generic"} <= set(table)
     # That each row fits its hardware is the header's static_assert, and test_device_compile reads the bytes
     # through C++ (limits_host_check.cpp); here, what the parser reads.
-    for rows, elements, _ in table.values():
+    for name, (rows, elements, _) in table.items():
         assert rows >= 1 and elements % 32 == 0
+        assert skinny.limits(name) == (rows, elements)  # the staging elements, not the row's shared-memory bytes
     assert skinny.limits("gfx1151:sramecc-:xnack-") == skinny.limits("gfx1151")
     assert skinny.limits("sm_90a") == skinny.limits("sm_90")
     assert skinny.limits("sm_120") == skinny.limits("generic")[:2]
@@ -70,6 +73,19 @@ def test_a_table_without_the_generic_row_is_an_error(tmp_path, monkeypatch):
             skinny.arch_table()
     finally:
         skinny.arch_table.cache_clear()
+
+
+def test_device_limits_are_the_rows_of_the_device_asked(monkeypatch):
+    """On a machine with two kinds of GPU, each answers with its own arch's row, whichever is current."""
+    props = [types.SimpleNamespace(major=8, minor=0), types.SimpleNamespace(major=9, minor=0)]
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: props[device if isinstance(device, int) else device.index])
+    assert skinny.limits("sm_90") != skinny.limits("generic")  # else this test could not tell them apart
+    assert skinny.device_limits(torch.device("cuda", 1)) == skinny.limits("sm_90")
+    assert skinny.device_limits() == skinny.device_limits(0) == skinny.limits("sm_80") == skinny.limits("generic")
 
 
 def test_unavailable_on_any_device_but_a_gpu():
@@ -121,12 +137,94 @@ def test_an_unbuilt_extension_says_where_it_looked_and_how_to_build(gpu_without_
     assert gpu_without_op["built"] == 0 and gpu_without_op["loaded"] == []  # no build without W4A16_SKINNY_AUTOBUILD=1
 
 
-def test_a_built_extension_is_loaded_from_the_build_cache(gpu_without_op):
+@pytest.mark.parametrize("autobuild", [None, "1"])
+def test_a_built_extension_is_loaded_from_the_build_cache(gpu_without_op, monkeypatch, autobuild):
+    """A library already in the cache is loaded, not built again, also with W4A16_SKINNY_AUTOBUILD=1."""
+    if autobuild:
+        monkeypatch.setenv("W4A16_SKINNY_AUTOBUILD", autobuild)
     library = skinny_build.library_path(["sm_90"])
     library.parent.mkdir(parents=True)
     library.write_bytes(b"")
     assert skinny.unavailable_reason(torch.device("cuda"), torch.float16) is None
     assert gpu_without_op["loaded"] == [str(library)] and gpu_without_op["built"] == 0
+
+
+def test_a_build_directory_without_the_library_is_not_a_build(gpu_without_op):
+    """A build that stopped half way leaves its directory without the library: nothing to load there."""
+    skinny_build.library_path(["sm_90"]).parent.mkdir(parents=True)
+    assert skinny._load().startswith("the skinny extension is not built for sm_90")
+    assert gpu_without_op["loaded"] == []
+
+
+def test_an_op_already_registered_is_used_as_it_is(gpu_without_op, monkeypatch):
+    """Registered already (loaded by hand, or by `nox -s build` in this process): no build cache is looked at."""
+    gpu_without_op["registered"] = True
+    monkeypatch.setenv("W4A16_SKINNY_AUTOBUILD", "1")
+    assert skinny._load() is None
+    assert gpu_without_op["loaded"] == [] and gpu_without_op["built"] == 0
+
+
+def test_the_answer_is_kept_for_the_process(gpu_without_op):
+    """BUILD_HINT says to start a new process after building: the first answer stands until then."""
+    first = skinny._load()
+    library = skinny_build.library_path(["sm_90"])
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    assert skinny._load() == first and gpu_without_op["loaded"] == []
+
+
+def test_a_library_that_does_not_load_is_a_reason_not_an_exception(gpu_without_op, monkeypatch):
+    """torch.ops.load_library raises OSError for a library the loader rejects (truncated, or built for another
+    torch): `auto` must still get a reason to fall back on."""
+    library = skinny_build.library_path(["sm_90"])
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+
+    def load_library(path):
+        raise OSError(f"{path}: file too short")
+
+    monkeypatch.setattr(torch.ops, "load_library", load_library)
+    assert skinny._load() == (f"loading the skinny extension failed (OSError: {library}: file too short); rebuild: "
+                              f"{skinny.BUILD_HINT}")
+
+
+@pytest.mark.parametrize(("namespace", "registered"), [
+    (types.SimpleNamespace(), False),  # no such op: torch's namespaces raise AttributeError
+    (types.SimpleNamespace(skinny_gemm=types.SimpleNamespace(default="op")), True),
+])
+def test_registered_looks_up_the_op_itself(monkeypatch, namespace, registered):
+    """The op itself: torch.ops makes a namespace for any name, so only the op says a library registered it."""
+    monkeypatch.setattr(torch, "ops", types.SimpleNamespace(w4a16=namespace))
+    assert skinny._registered() is registered
+
+
+def test_registered_is_false_where_torch_raises_runtime_error(monkeypatch):
+    """Some torch releases raise RuntimeError, not AttributeError, for an op no library registered."""
+    class Namespace:
+        @property
+        def skinny_gemm(self):
+            raise RuntimeError("No such operator w4a16::skinny_gemm")
+
+    monkeypatch.setattr(torch, "ops", types.SimpleNamespace(w4a16=Namespace()))
+    assert skinny._registered() is False
+
+
+def test_skinny_gemm_passes_the_weight_and_options_to_the_op(monkeypatch, generator):
+    """What reaches torch.ops.w4a16.skinny_gemm (the schema in csrc/binding.cpp), with the kernel reported usable
+    for x's own device and dtype (patched: no CPU build exists)."""
+    qw = random_weight(16, 64, 32, False, torch.bfloat16, generator=generator)
+    x = random_activation(3, 64, torch.bfloat16, generator=generator)
+    bias = random_activation(1, 16, torch.bfloat16, generator=generator)[0]
+    asked, calls = [], []
+    monkeypatch.setattr(skinny, "unavailable_reason", lambda device, dtype: asked.append((device, dtype)))
+    monkeypatch.setattr(torch, "ops", types.SimpleNamespace(w4a16=types.SimpleNamespace(
+        skinny_gemm=lambda *args: calls.append(args) or "y")))
+    assert skinny.skinny_gemm(x, qw, bias, cluster_blocks=2) == "y"
+    assert skinny.skinny_gemm(x, qw) == "y"
+    assert asked == [(x.device, torch.bfloat16)] * 2
+    expected = (x, qw.qweight, qw.scales, qw.zeros, bias, 32, 2)
+    assert all(a is b for a, b in zip(calls[0], expected, strict=True))
+    assert calls[1][4:] == (None, 32, 0)  # no bias; cluster_blocks 0: chosen from the shape
 
 
 def test_no_visible_gpu_is_the_reason(gpu_without_op, monkeypatch):
@@ -208,6 +306,9 @@ def test_build_directory_follows_sources_flags_and_compiler(copied_csrc, monkeyp
     assert skinny_build.library_path(["sm_90"]) != first
     kernel.write_text(source)
     assert skinny_build.library_path(["sm_90"]) == first
+    kernel.rename(copied_csrc / "skinny_mma_old.cuh")  # the same bytes under another name: the includes break
+    assert skinny_build.library_path(["sm_90"]) != first
+    (copied_csrc / "skinny_mma_old.cuh").rename(kernel)
     monkeypatch.setattr(skinny_build, "EXTENSION_CFLAGS", ["-O2"])
     assert skinny_build.library_path(["sm_90"]) != first
     monkeypatch.setattr(skinny_build, "EXTENSION_CFLAGS", ["-O3"])  # the shipped flags again
@@ -263,7 +364,36 @@ def test_cuda_build_targets_each_arch_exactly(tmp_path, monkeypatch):
         r"^cuda_post_cflags = (.*)$", ninja, re.M).group(1)
     assert re.findall(r"\S*(?:arch|code)\S*", flags) == ["-gencode=arch=compute_80,code=sm_80",
                                                         "-gencode=arch=compute_90,code=sm_90"], flags
+    assert "-O3" in flags.split() and "-Xptxas" not in flags, flags  # register counts only with build(verbose=True)
     assert skinny_build.arch_flags(["gfx1151"], rocm=True) == []  # on ROCm, PYTORCH_ROCM_ARCH (test_rocm_build)
+
+
+def test_build_without_a_gpu_says_why_and_fails(tmp_path, monkeypatch, capsys):
+    """`nox -s build` on a machine without a GPU torch: a clear message and exit 1, and no compile attempted."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(skinny_build, "device_archs", lambda: [])
+    monkeypatch.setenv("W4A16_BUILD_DIR", str(tmp_path / "builds"))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: pytest.fail("build() compiled without a GPU"))
+    assert skinny_build.main([]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("nox -s build: building the skinny kernel needs a CUDA or ROCm build of torch and "
+                                   f"a visible GPU; this torch is {torch.__version__}"), captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(("argv", "verbose"), [([], False), (["-v"], True), (None, True)])
+def test_build_command_is_verbose_with_v_only(monkeypatch, argv, verbose):
+    """main(argv) reads the arguments given, even an empty list; the command line only when given none."""
+    asked = []
+
+    def build(verbose=False):
+        asked.append(verbose)
+        raise RuntimeError("no GPU here")
+
+    monkeypatch.setattr(skinny_build, "build", build)
+    monkeypatch.setattr(sys, "argv", ["python -m w4a16.skinny_build", "-v"])
+    assert skinny_build.main(argv) == 1 and asked == [verbose]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -276,6 +406,9 @@ def test_nvcc_and_cuobjdump_under_CUDA_HOME(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
     assert skinny_build.nvcc_path() == str(bin_dir / "nvcc")
+    with monkeypatch.context() as no_triton:
+        no_triton.setattr(importlib.util, "find_spec", lambda name: None)
+        assert skinny_build.cuobjdump_path() is None  # nvcc alone is no cuobjdump
     (bin_dir / "cuobjdump").write_text("")
     assert skinny_build.cuobjdump_path() == str(bin_dir / "cuobjdump")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
@@ -295,6 +428,70 @@ def test_cuobjdump_from_tritons_wheel(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "triton" else None)
     assert skinny_build.cuobjdump_path() == str(wheel / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+@pytest.fixture
+def recorded_tools(tmp_path, monkeypatch) -> list[list[str]]:
+    """compile_device with every tool found and none run: the commands it gives, nvcc's kept cubin and PTX faked."""
+    commands = []
+
+    def run(cmd):
+        commands.append(cmd)
+        keep = next((arg.removeprefix("--keep-dir=") for arg in cmd if arg.startswith("--keep-dir=")), None)
+        if keep:
+            for suffix in ("sm_90.cubin", "ptx"):
+                (Path(keep) / f"skinny_kernel.{suffix}").write_text(suffix)
+        return subprocess.CompletedProcess(cmd, 0, "", "compiler log")
+
+    monkeypatch.setattr(skinny_build, "_run", run)
+    monkeypatch.setattr(skinny_build, "nvcc_path", lambda: "/cuda/bin/nvcc")
+    monkeypatch.setattr(skinny_build, "cuobjdump_path", lambda: None)
+    monkeypatch.setattr(skinny_build, "hip_compiler_path", lambda: "/usr/bin/clang-19")
+    monkeypatch.setattr(skinny_build, "hip_headers_present", lambda: True)
+    return commands
+
+
+@pytest.mark.parametrize("arch", ["gfx1151", "gfx1201"])
+def test_compile_device_command_for_amd(recorded_tools, tmp_path, arch):
+    """Each target its own --offload-arch, the device-only flags of AMD_CHECK_FLAGS and the defines asked for."""
+    compiled = skinny_build.compile_device(arch, tmp_path, defines=("W4A16_TRIAL=2",))
+    assert recorded_tools == [["/usr/bin/clang-19", "-x", "hip", f"--offload-arch={arch}", *skinny_build.AMD_CHECK_FLAGS,
+                               "--cuda-device-only", "-S", "-O3", "-std=c++17", "-DW4A16_TRIAL=2",
+                               str(skinny_build.CSRC / "skinny_kernel.cu"), "-o", str(tmp_path / f"skinny_{arch}.s")]]
+    assert compiled == {"asm": tmp_path / f"skinny_{arch}.s", "log": "compiler log", "kind": "amdgcn"}
+
+
+def test_compile_device_for_sm_90_without_cuobjdump_gives_the_ptx(recorded_tools, tmp_path):
+    """No disassembler: the PTX is what gets summarised, and nvcc's kept files are gone all the same."""
+    compiled = skinny_build.compile_device("sm_90", tmp_path, defines=("W4A16_TRIAL=2",))
+    [command] = recorded_tools
+    assert command[:2] == ["/cuda/bin/nvcc", "-arch=sm_90"]
+    assert ["-O3", "-std=c++17", "-DW4A16_TRIAL=2", str(skinny_build.CSRC / "skinny_kernel.cu")] == command[-6:-2]
+    assert compiled == {"asm": tmp_path / "skinny_sm_90.ptx", "log": "compiler log", "kind": "ptx"}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["skinny_sm_90.cubin", "skinny_sm_90.ptx"]
+    assert compiled["asm"].read_text() == "ptx"
+
+
+def test_device_compiler_version_asks_the_compiler_cpp_extension_runs(tmp_path, monkeypatch):
+    """The banner that names a build comes from nvcc under CUDA_HOME, or hipcc under ROCM_HOME on ROCm; a missing
+    compiler is recorded, not raised."""
+    from torch.utils import cpp_extension
+
+    for home, tool in (("cuda", "nvcc"), ("rocm", "hipcc")):
+        (tmp_path / home / "bin").mkdir(parents=True)
+        (tmp_path / home / "bin" / tool).write_text(f'#!/bin/sh\necho "{tool} $*"\n')
+        (tmp_path / home / "bin" / tool).chmod(0o755)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setattr(cpp_extension, "ROCM_HOME", str(tmp_path / "rocm"))
+    skinny_build._device_compiler_version.cache_clear()
+    try:
+        assert skinny_build._device_compiler_version(False) == "nvcc --version\n"
+        assert skinny_build._device_compiler_version(True) == "hipcc --version\n"
+        monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path / "nowhere"))
+        skinny_build._device_compiler_version.cache_clear()
+        assert skinny_build._device_compiler_version(False) == f"{tmp_path / 'nowhere' / 'bin' / 'nvcc'}: FileNotFoundError"
+    finally:
+        skinny_build._device_compiler_version.cache_clear()  # the real compiler's again for the tests after this
 
 
 def test_a_failing_tool_raises_with_its_stderr():
