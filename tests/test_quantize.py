@@ -152,12 +152,15 @@ def test_groups_spanning_most_of_the_dtype_range_quantize_to_finite_weights(symm
     [
         (torch.zeros(8, 128, dtype=torch.int32), 128, TypeError, "floating-point"),
         (torch.zeros(128), 128, ValueError, "2-D"),
+        (torch.randn(2, 8, 128), 128, ValueError, r"w must be 2-D \[N, K\], got shape \(2, 8, 128\)"),
         (torch.empty(8, 128, device="meta"), 128, ValueError, "w is on the meta device"),
         (torch.zeros(8, 192), 128, ValueError, "K=192 must be a multiple of group_size=128"),
         (torch.zeros(8, 128), 96, ValueError, "group_size must be one of"),
         (torch.full((8, 128), float("nan")), 128, ValueError, "NaN"),
         (torch.full((8, 128), 1e300, dtype=torch.float64), 128, ValueError, "beyond float32's range"),
         (torch.full((8, 128), -torch.finfo(torch.float32).max), 128, ValueError, "would dequantize to inf"),
+        # s = 61440 / 7.5 = 8192 exactly in fp16, and -7.5 rounds to -8: (0 - 8) * 8192 = -65536, past fp16's -65504
+        (torch.full((8, 128), -61440.0, dtype=torch.float16), 128, ValueError, "too close to torch.float16's largest"),
     ],
 )
 def test_quantize_rejects_bad_input(w, group_size, error, match):

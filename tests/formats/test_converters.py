@@ -45,6 +45,7 @@ def test_awq_bits(seed, n_words, k_groups, group_size, symmetric):
     qw = formats.from_awq(qweight, qzeros, scales.t().contiguous(), group_size)
     assert torch.equal(w4a16.unpack_int4(qw.qweight).long(), q)
     assert torch.equal(qw.zero_points().long(), z) and torch.equal(qw.scales, scales)
+    assert not qw.symmetric  # AWQ always stores zero points: kept as given, all 8 included
     back = formats.to_awq(qw)
     assert torch.equal(back["qweight"], qweight) and torch.equal(back["qzeros"], qzeros)
     assert torch.equal(back["scales"], scales.t())
@@ -207,6 +208,8 @@ def test_converters_keep_the_scales_dtype_and_store_the_checkpoints_dtypes(dtype
                      "weight_shape": torch.int64}}
     for fmt, out in (("awq", a), ("gptq", gq), ("ct", c)):
         assert {name: t.dtype for name, t in out.items()} == stored[fmt], fmt
+        # safetensors refuses to save a non-contiguous tensor: a converted checkpoint must be writable as it comes
+        assert [name for name, t in out.items() if not t.is_contiguous()] == [], fmt
     converted = {
         "awq": formats.from_awq(a["qweight"], a["qzeros"], a["scales"], g),
         "gptq": formats.from_gptq(gq["qweight"], gq["qzeros"], gq["scales"], g, gq["g_idx"]),
@@ -247,6 +250,10 @@ def _weight(generator, n, k=128, g=64, symmetric=False):
         (lambda r: formats.from_awq(_words(r, 128, 4), _words(r, 4, 2), _scales(r, 2, 32), 64),  # qzeros transposed
          ValueError, r"qzeros must have shape \[K // G, N // 8\] = \[2, 4\], got \[4, 2\]"),
         (lambda r: formats.to_awq(_weight(r, 12)), ValueError, "AWQ packs along N: N=12 must be a multiple of 8"),
+        (lambda r: formats.to_awq(_weight(r, 12, symmetric=True)), ValueError,
+         "AWQ packs along N: N=12 must be a multiple of 8"),  # symmetric too: qzeros holds z = 8 for every group
+        (lambda r: formats.from_awq(_words(r, 128), _words(r, 2, 2), _scales(r, 2, 16), 64),
+         ValueError, r"qweight must be 2-D, got shape \(128,\)"),
         # K = 192 with G = 128: a checkpoint has ceil(K / G) = 2 groups; the error is about K, not about the shapes
         (lambda r: formats.from_gptq(_words(r, 24, 16), _words(r, 2, 2), _scales(r, 2, 16), 128),
          ValueError, "K=192 must be a multiple of group_size=128"),
@@ -254,9 +261,19 @@ def _weight(generator, n, k=128, g=64, symmetric=False):
          ValueError, "GPTQ packs qzeros along N: N=12 must be a multiple of 8"),
         (lambda r: formats.from_gptq(_words(r, 16, 32), _words(r, 4, 2), _scales(r, 2, 32), 64),  # qzeros transposed
          ValueError, r"qzeros must have shape \[K // G, N // 8\] = \[2, 4\], got \[4, 2\]"),
+        (lambda r: formats.from_gptq(_words(r, 16, 16), _words(r, 2, 2), _scales(r, 16, 2), 64),  # scales transposed
+         ValueError, r"scales must have shape \[K // G, N\] = \[2, 16\], got \[16, 2\]"),
         (lambda r: formats.from_gptq(_words(r, 16, 16), _words(r, 2, 2).float(), _scales(r, 2, 16), 64),
          TypeError, "qzeros must be an int32 packed tensor, got torch.float32"),
         (lambda r: formats.to_gptq(_weight(r, 12)), ValueError, "GPTQ packs qzeros along N: N=12 must be a multiple of 8"),
+        # the trivial order, as a row: a g_idx of K elements in another shape is not a checkpoint's [K]
+        (lambda r: formats.from_gptq(_words(r, 16, 16), _words(r, 2, 2), _scales(r, 2, 16), 64,
+                                     g_idx=(torch.arange(128) // 64).reshape(1, 128)),
+         ValueError, r"g_idx must be a tensor of shape \[K\] = \[128\], got torch.Size\(\[1, 128\]\)"),
+        # the trivial order for K = 2 G, as bools: a flag is not a group index
+        (lambda r: formats.from_gptq(_words(r, 16, 16), _words(r, 2, 2), _scales(r, 2, 16), 64,
+                                     g_idx=torch.arange(128) >= 64),
+         TypeError, "g_idx must be an integer tensor, got torch.bool"),
         (lambda r: formats.from_compressed_tensors(_words(r, 16, 16).long(), _scales(r, 16, 2), (16, 128)),
          TypeError, "weight_packed must be an int32 packed tensor, got torch.int64"),
         (lambda r: formats.from_compressed_tensors(_words(r, 0, 16), _scales(r, 0, 1), (0, 128)),
@@ -282,3 +299,29 @@ def _weight(generator, n, k=128, g=64, symmetric=False):
 def test_converters_name_the_bad_argument(call, error, match, generator):
     with pytest.raises(error, match=match):
         call(generator)
+
+
+def test_gptq_v1_refuses_one_unrepresentable_zero_point_among_good_ones(generator):
+    """One group is enough to make a checkpoint wrong: a v1 stored 15 (z = 16) or a zero point 0 to store as z - 1
+    is refused wherever it is, not only when every group has it."""
+    stored = torch.randint(0, 15, (2, 16), generator=generator)  # [K // G, N], 0..14: z = 1..15
+    stored[1, 5] = 15
+    qzeros = _pack_words(stored, list(range(8)))
+    with pytest.raises(ValueError, match="zero point 16"):
+        formats.from_gptq(_words(generator, 16, 16), qzeros, _scales(generator, 2, 16), 64)
+    qw = _weight(generator, 16)
+    qw.zeros[9, 1] = 0
+    with pytest.raises(ValueError, match="zero point 0 cannot be represented"):
+        formats.to_gptq(qw)
+
+
+def test_compressed_tensors_zero_points_all_8_stay_asymmetric(generator):
+    """A checkpoint that ships weight_zero_point keeps it both ways, even when every zero point is 8 (the value a
+    symmetric weight implies): the round trip is bit-exact, so the tensor comes back rather than being dropped."""
+    n, k, g = 16, 128, 64
+    packed = _words(generator, n, k // 8)
+    zp = _pack_words(torch.full((k // g, n), 8), list(range(8))).t().contiguous()  # [N // 8, K // G]
+    qw = formats.from_compressed_tensors(packed, _scales(generator, n, k // g), (n, k), zp)
+    assert not qw.symmetric and torch.equal(qw.zeros, torch.full((n, k // g), 8, dtype=torch.uint8))
+    back = formats.to_compressed_tensors(qw)
+    assert torch.equal(back["weight_packed"], packed) and torch.equal(back["weight_zero_point"], zp)
