@@ -137,14 +137,20 @@ def test_an_unbuilt_extension_says_where_it_looked_and_how_to_build(gpu_without_
     assert gpu_without_op["built"] == 0 and gpu_without_op["loaded"] == []  # no build without W4A16_SKINNY_AUTOBUILD=1
 
 
+def cached_sm_90_library() -> Path:
+    """An (empty) sm_90 library where the build cache keeps it: what a finished build leaves to load."""
+    library = skinny_build.library_path(["sm_90"])
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    return library
+
+
 @pytest.mark.parametrize("autobuild", [None, "1"])
 def test_a_built_extension_is_loaded_from_the_build_cache(gpu_without_op, monkeypatch, autobuild):
     """A library already in the cache is loaded, not built again, also with W4A16_SKINNY_AUTOBUILD=1."""
     if autobuild:
         monkeypatch.setenv("W4A16_SKINNY_AUTOBUILD", autobuild)
-    library = skinny_build.library_path(["sm_90"])
-    library.parent.mkdir(parents=True)
-    library.write_bytes(b"")
+    library = cached_sm_90_library()
     assert skinny.unavailable_reason(torch.device("cuda"), torch.float16) is None
     assert gpu_without_op["loaded"] == [str(library)] and gpu_without_op["built"] == 0
 
@@ -167,18 +173,14 @@ def test_an_op_already_registered_is_used_as_it_is(gpu_without_op, monkeypatch):
 def test_the_answer_is_kept_for_the_process(gpu_without_op):
     """BUILD_HINT says to start a new process after building: the first answer stands until then."""
     first = skinny._load()
-    library = skinny_build.library_path(["sm_90"])
-    library.parent.mkdir(parents=True)
-    library.write_bytes(b"")
+    cached_sm_90_library()
     assert skinny._load() == first and gpu_without_op["loaded"] == []
 
 
 def test_a_library_that_does_not_load_is_a_reason_not_an_exception(gpu_without_op, monkeypatch):
     """torch.ops.load_library raises OSError for a library the loader rejects (truncated, or built for another
     torch): `auto` must still get a reason to fall back on."""
-    library = skinny_build.library_path(["sm_90"])
-    library.parent.mkdir(parents=True)
-    library.write_bytes(b"")
+    library = cached_sm_90_library()
 
     def load_library(path):
         raise OSError(f"{path}: file too short")
