@@ -4,6 +4,11 @@ what `auto` picks.
 Protocol of the bench (w4a16.bench.timing): each op is captured many times in a CUDA graph over a rotation of weight copies whose total
 size is >= 4x the L2, so weights come from DRAM; per-call time = graph replay time / calls (median of replays).
 Copy bandwidth is measured in the same run (bytes read + written). Usage: python tests/csrc/bench_skinny.py [json]
+
+    python tests/csrc/bench_skinny.py --clusters    # each cluster size forced (1, 2, 4 blocks), M = 1 and 5
+
+The second form checks what the launcher's rule (cluster_size_for in csrc/skinny_kernel.cu) picks against every size
+it could have picked, on the same layers and with the same timer.
 """
 
 from __future__ import annotations
@@ -73,19 +78,24 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / statistics.median(times[2:])
 
 
+def weight_rotation(n: int, k: int, gen: torch.Generator) -> tuple[list, list]:
+    """Distinct bf16 uint4b8 weights of >= 4x the L2 in all, and the order a graph of >= MIN_CALLS calls uses them."""
+    qws = []
+    for _ in range(copies_for(n * k // 2 + n * (k // GROUP) * 2)):
+        q = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.int32)
+        s = (torch.rand(n, k // GROUP, device="cuda", generator=gen) * 0.02 + 0.002).to(torch.bfloat16)
+        qws.append(w4a16.QuantizedWeight(w4a16.pack_int4(q), s, None, GROUP))
+    return qws, [qws[i % len(qws)] for i in range(len(qws) * -(-MIN_CALLS // len(qws)))]
+
+
 def bench_shape(n: int, k: int, m: int, gen: torch.Generator) -> dict:
     dtype = torch.bfloat16
     x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
     weight_bytes = n * k // 2 + n * (k // GROUP) * 2
-    copies = copies_for(weight_bytes)
-    qws = []
-    for _ in range(copies):
-        q = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.int32)
-        s = (torch.rand(n, k // GROUP, device="cuda", generator=gen) * 0.02 + 0.002).to(dtype)
-        qws.append(w4a16.QuantizedWeight(w4a16.pack_int4(q), s, None, GROUP))
-    reps = -(-MIN_CALLS // copies)
+    qws, ours = weight_rotation(n, k, gen)
+    copies = len(qws)
+    reps = len(ours) // copies
     result = {"n": n, "k": k, "m": m, "bytes": weight_bytes + 2 * m * (k + n), "copies": copies}
-    ours = [qws[i % copies] for i in range(copies * reps)]
     result["skinny_us"] = time_per_call([lambda qw=qw: skinny.skinny_gemm(x, qw) for qw in ours])
     if m > TRITON_FROM_M:  # past the rows "auto" sent to the skinny kernel: the Triton kernel is the alternative
         from w4a16.triton import triton_gemm
@@ -115,12 +125,38 @@ def bench_shape(n: int, k: int, m: int, gen: torch.Generator) -> dict:
     return result
 
 
+def time_cluster_sizes(gen: torch.Generator) -> None:
+    """µs of each forced cluster size and of the launcher's own pick, every output checked against one block's."""
+    sizes = (1, 2, 4)
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; bf16, uint4b8 G={GROUP}; µs per call")
+    print(f"{'model':12s} {'layer':8s} {'M':>2s} " + " ".join(f"{f'{c} block' + 's' * (c > 1):>9s}" for c in sizes)
+          + f" {'chosen':>9s}")
+    for model, layers in SHAPES.items():
+        for layer, (n, k) in layers.items():
+            qws, ours = weight_rotation(n, k, gen)
+            for m in (1, 5):
+                x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+                one_block = skinny.skinny_gemm(x, qws[0], cluster_blocks=1)
+                times = []
+                for c in (*sizes, 0):  # 0: the launcher's rule
+                    # Another split of K adds the same products in another order: bf16-rounding close, not equal.
+                    torch.testing.assert_close(skinny.skinny_gemm(x, qws[0], cluster_blocks=c), one_block,
+                                               rtol=2e-2, atol=2e-2)
+                    times.append(time_per_call([lambda qw=qw, c=c, x=x: skinny.skinny_gemm(x, qw, cluster_blocks=c)
+                                                for qw in ours]))
+                print(f"{model:12s} {layer:8s} {m:2d} " + " ".join(f"{t:9.2f}" for t in times), flush=True)
+            del qws, ours
+
+
 def main() -> int:
     reason = skinny.unavailable_reason(torch.device("cuda"), torch.bfloat16)
     if reason:
         print(reason)
         return 1
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if sys.argv[1:] == ["--clusters"]:
+        time_cluster_sizes(gen)
+        return 0
     max_rows, elements = skinny.device_limits()
     bw = copy_bandwidth()
     rows = []
