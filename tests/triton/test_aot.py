@@ -17,6 +17,7 @@ import sys
 import types
 
 import pytest
+import triton
 
 from w4a16.triton.asm import table_cases
 from w4a16.triton.configs import SHIPPED_ARCHS
@@ -47,17 +48,26 @@ def test_every_selectable_config_is_compiled(compiled):
 
 # Found when the wgmma configs were first compiled at every group size (until then at G = 128 only): the 256 x 128
 # natural producer tile with 8 warps, the sm_90 table's pick at M = 1024 and 4096, spills 8 bytes with G = 32 and
-# 64 (bf16, asymmetric, bias; Triton 3.9). Which tile G < 128 should get there is a question for the tuner on the
-# GPU. Listed with its exact figures, so that any other spill fails, and so does this one's going away (then delete
-# the entry). {(arch, dtype, G, config values): bytes spilled (and of stack)}
+# 64 (bf16, asymmetric, bias) under Triton 3.9 (CI's); Triton 3.6 (the GPU machines') compiles it without. Which
+# tile G < 128 should get there is a question for the tuner on the GPU. Listed per Triton release with its exact
+# figures, so that any other spill fails, and so does this one's going away (then delete the entry); a release not
+# listed must not spill. {(arch, dtype, G, config values): {Triton "major.minor": bytes spilled (and of stack)}}
 _NATURAL_256X128 = (256, 128, 128, 8, 3, 1, "wgmma", False, True, True)
-KNOWN_SPILLS = {("sm_90", "bf16", 32, _NATURAL_256X128): 8, ("sm_90", "bf16", 64, _NATURAL_256X128): 8}
+KNOWN_SPILLS = {("sm_90", "bf16", 32, _NATURAL_256X128): {"3.9": 8},
+                ("sm_90", "bf16", 64, _NATURAL_256X128): {"3.9": 8}}
+
+
+def known_spills(arch: str, triton_version: str) -> dict:
+    """The spills KNOWN_SPILLS expects of `arch` under this Triton release (its version's major.minor)."""
+    release = ".".join(triton_version.split(".")[:2])
+    return {key: by_release[release] for key, by_release in KNOWN_SPILLS.items()
+            if key[0] == arch and release in by_release}
 
 
 @pytest.mark.parametrize("arch", SHIPPED_ARCHS)
 def test_matrix_instructions_and_no_spills(compiled, arch):
     problems = []
-    known = {key: spilled for key, spilled in KNOWN_SPILLS.items() if key[0] == arch}
+    known = known_spills(arch, triton.__version__)  # the subprocess compiled with this interpreter's triton
     for case in (c for c in compiled if c["arch"] == arch):
         what = f"{arch} {case['dtype']} G={case['group_size']} {tuple(case['config'].values())}"
         if "error" in case:
@@ -76,6 +86,13 @@ def test_matrix_instructions_and_no_spills(compiled, arch):
                 problems.append(f"{what}: {key}={case[key]}")
     problems += [f"known spill no longer compiled: {key} (delete it from KNOWN_SPILLS)" for key in known]
     assert not problems, "\n".join(problems)
+
+
+def test_known_spills_are_those_of_the_triton_release():
+    """A spill seen under one Triton release is not expected of another (Triton 3.6 compiles the tile without)."""
+    seen = {key: by_release["3.9"] for key, by_release in KNOWN_SPILLS.items() if key[0] == "sm_90"}
+    assert seen and known_spills("sm_90", "3.9.0") == seen == known_spills("sm_90", "3.9.1+git1234abcd")
+    assert known_spills("sm_90", "3.6.0") == {} == known_spills("sm_90", "3.10.0") == known_spills("gfx1201", "3.9.0")
 
 
 def test_hopper_uses_wgmma_with_the_weight_as_left_operand(compiled):
