@@ -7,6 +7,7 @@ test_gemm.py::test_model_shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
@@ -289,3 +290,71 @@ def test_token_tiles_past_the_grid_limit_are_refused():
     x = torch.ones(m, 128, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match=rf"M={m} makes {GRID_YZ_MAX + 1} token tiles of 16, past the {GRID_YZ_MAX}"):
         launch_wgmma(x, qw, None, TileConfig(16, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma"))
+
+
+_P256 = TileConfig(256, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", producer=True, x_natural=True)
+_P128 = TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma", producer=True)
+
+
+def _rest(config, block_m):
+    return dataclasses.replace(config, block_m=block_m, num_stages=4)
+
+
+@pytest.mark.parametrize(("config", "shape", "sms", "plan"), [
+    # Llama-3.1-8B qkv at M = 512 on 132 SMs: 96 x 2 tiles of one CTA per SM; 66 row tiles fill the wave, the other
+    # 30 rows run as 120 tiles of 128 tokens, one per SM (as 240 of 64 tokens they would be two per SM: a tie).
+    (_P256, (512, 6144, 4096), 132, (4224, _rest(_P256, 128))),
+    # A partial row tile among the rows left.
+    (_P256, (512, 64 * 95 + 8, 4096), 132, (4224, _rest(_P256, 128))),
+    # Qwen3-4B down at M = 1024: 40 x 4 tiles, 7 rows left: 112 tiles of 64 tokens still one per SM.
+    (_P256, (1024, 2560, 9728), 132, (2112, _rest(_P256, 64))),
+    # Two CTAs per SM (a 108 KB ring): 304 tiles on 264 slots; the 40 rows left as 80 tiles of 64 tokens.
+    (_P128, (128, 19456, 2560), 132, (16896, _rest(_P128, 64))),
+    # 35 rows left: as 140 tiles of 128 tokens two on some SMs (256 tokens, a tie), as 280 of 64 tokens three (192).
+    (_P256, (512, 64 * 101, 4096), 132, (4224, _rest(_P256, 64))),
+    # None: the 80 tiles left at M = 256 are one per SM already, as 160 of 64 tokens two (a tie); 65 rows left,
+    # 256 tokens on the busiest SM with any tile; no whole wave; the waves full; a config that splits K; token tiles
+    # already the smallest; the non-producer form.
+    (_P128, (256, 19456, 2560), 132, None),
+    (_P256, (512, 64 * 131, 4096), 132, None),
+    (_P256, (512, 2560, 4096), 132, None),
+    (_P256, (512, 64 * 132, 4096), 132, None),
+    (dataclasses.replace(_P256, split_k=2), (512, 6144, 4096), 132, None),
+    (TileConfig(64, 64, WGMMA_BLOCK_K, 4, 4, 1, kernel="wgmma", producer=True), (128, 19456, 2560), 132, None),
+    (TileConfig(128, 64, WGMMA_BLOCK_K, 4, 3, 1, kernel="wgmma"), (512, 6144, 4096), 132, None),
+])
+def test_last_wave_rows_plan(config, shape, sms, plan):
+    """Which weight rows fill whole waves, and the config the rest run with."""
+    from w4a16.triton.wgmma_kernel import last_wave_rows
+
+    assert last_wave_rows(config, *shape, sms) == plan
+
+
+# (config, (M, N, K, G), SMs the launcher is told of): shapes small enough for a GPU test that end in a partial wave
+# on that many SMs, so the rows of the last wave run as a second launch of smaller token tiles (partial row and
+# token tiles among them).
+LAST_WAVE = [
+    (_P256, (300, 200, 640, 64), 3),  # the last wave's rows in 128-token tiles
+    (_P256, (300, 200, 640, 64), 7),  # and in 64-token tiles
+    (TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 1, kernel="wgmma", producer=True), (130, 600, 1056, 32), 4),
+    (dataclasses.replace(_P128, x_natural=True), (100, 700, 1280, 128), 5),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+@pytest.mark.parametrize(("config", "shape", "sms"), LAST_WAVE, ids=[f"M{s[0]}N{s[1]}K{s[2]}g{s[3]}sm{sms}" for _, s, sms in LAST_WAVE])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_last_wave_rows_launched_apart(config, shape, sms, symmetric, dtype, generator, monkeypatch):
+    from w4a16.triton import wgmma_kernel
+    from w4a16.triton.gemm_kernel import launch_gemm
+
+    m, n, k, group_size = shape
+    monkeypatch.setattr(wgmma_kernel, "_sm_count", lambda device: sms)
+    assert wgmma_kernel.last_wave_rows(config, m, n, k, sms) is not None  # the case takes the two launches
+    qw = random_weight(n, k, group_size, symmetric, dtype, "cuda", generator)
+    x = random_activation(m, k, dtype, "cuda", generator)
+    bias = torch.randn(n, generator=generator).to(dtype=dtype, device="cuda")
+    out = launch_gemm(x, qw, bias, config, out=torch.full((m, n), float("nan"), dtype=dtype, device="cuda"))
+    assert_matches_reference(out, x, qw, bias)

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from ..layout import GROUP_SIZES
-from .configs import SHIPPED_ARCHS, TileConfig, load_table
+from .configs import SHIPPED_ARCHS, TileConfig, last_wave_configs, load_table
 
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
 _CONSTEXPRS = ("GROUP_SIZE", "HAS_ZEROS", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M",
@@ -245,8 +245,9 @@ def table_cases(archs=SHIPPED_ARCHS, dtypes=("fp16", "bf16")) -> list[dict]:
 
     A fused-kernel config is compiled once per clamped config, with the largest group size that selects it (G sets
     only its BLOCK_K). A wgmma config is compiled at every G: its tile is fixed, but how a lane applies the scales
-    of G = 32 and 64 changes its code and registers. fp16 cases compile the symmetric kernel and bf16 cases the
-    asymmetric one with bias, so both code paths are covered."""
+    of G = 32 and 64 changes its code and registers; a producer-form config's launches may run the rows of a last wave
+    with smaller token tiles (configs.last_wave_configs), so those configs are compiled as well. fp16 cases compile
+    the symmetric kernel and bf16 cases the asymmetric one with bias, so both code paths are covered."""
     cases = []
     for arch in archs:
         fused: dict[TileConfig, int] = {}  # a clamped config -> the largest G that selects it
@@ -254,6 +255,8 @@ def table_cases(archs=SHIPPED_ARCHS, dtypes=("fp16", "bf16")) -> list[dict]:
         for config in load_table(arch).all_configs():
             if config.kernel == "wgmma":
                 wgmma.update(dict.fromkeys((config, g) for g in GROUP_SIZES))
+                for last_wave in last_wave_configs(config):
+                    wgmma.update(dict.fromkeys((last_wave, g) for g in GROUP_SIZES))
             else:
                 for g in GROUP_SIZES:
                     fused[config.for_group(g)] = max(g, fused.get(config.for_group(g), 0))

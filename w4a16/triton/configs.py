@@ -156,6 +156,22 @@ class TileConfig:
         return self if split_k == self.split_k else dataclasses.replace(self, split_k=split_k)
 
 
+# The rows of a last wave may run with token tiles this many times smaller, never below LAST_WAVE_MIN_BLOCK_M
+# tokens, with LAST_WAVE_STAGES stages (4 measured faster than 3 for 128-token tiles). See wgmma_kernel.last_wave_rows.
+LAST_WAVE_TILE_DIVISORS = (2, 4)
+LAST_WAVE_MIN_BLOCK_M = 64
+LAST_WAVE_STAGES = 4
+
+
+def last_wave_configs(config: TileConfig) -> list[TileConfig]:
+    """The configs a producer-form launch of `config` may give the rows of its last wave
+    (wgmma_kernel.last_wave_rows), largest token tiles first; none for a config that splits K."""
+    if not config.producer or config.split_k > 1:
+        return []
+    return [dataclasses.replace(config, block_m=config.block_m // d, num_stages=LAST_WAVE_STAGES)
+            for d in LAST_WAVE_TILE_DIVISORS if config.block_m // d >= LAST_WAVE_MIN_BLOCK_M]
+
+
 @dataclasses.dataclass(frozen=True)
 class Table:
     arch: str

@@ -45,6 +45,12 @@ comment above _natural_layout. Faster than the copying form by 1.03-1.17x in 15 
 H200 (PERF.md); the table picks it there.
 
 split_k > 1 works as in gemm_kernel.py: fp32 slices of a workspace, added in split order by add_splits.
+
+The last wave (producer form, last_wave_rows). A grid of equal tiles runs in waves of as many CTAs as the GPU holds
+at once; tiles past the last whole wave run while the other SMs idle, for a whole tile's time (Llama-3.1-8B qkv at
+M = 512: 192 tiles of 256 tokens on 132 SMs, 60 of them in a second wave). So the weight rows of those tiles go to a
+second launch of tiles a half or a quarter as tall in tokens, which spread over the idle SMs, and the first launch
+keeps the rows that fill whole waves.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .configs import GRID_YZ_MAX, WGMMA_BLOCK_K, TileConfig
+from .configs import GRID_YZ_MAX, WGMMA_BLOCK_K, TileConfig, last_wave_configs
 from .dequant_tile import BF16_MAGIC, FP16_MAGIC, magic_pair_hex, ptx_dequant_asm
 from .gemm_kernel import add_splits
 
@@ -530,13 +536,44 @@ def w_tile_layout(config: TileConfig) -> gl.NVMMASharedLayout:
     return W_TILE_LAYOUT_NATURAL if config.x_natural else W_TILE_LAYOUT
 
 
+def producer_ctas_per_sm(block_m: int, num_warps: int, num_stages: int) -> int:
+    """CTAs of a producer-form launch that one SM holds at once: two where one consumer warpgroup's ring leaves
+    room for a second (producer_max_registers sizes the registers for it), else one."""
+    ring_bytes = num_stages * (block_m * BLOCK_K * 2 + 16 * num_warps * BLOCK_K // 2)
+    return 2 if num_warps == 4 and ring_bytes <= 110 * 1024 else 1
+
+
 def producer_max_registers(block_m: int, num_warps: int, num_stages: int) -> int:
     """maxnreg of a producer-form launch: the register file split over its warps (the producer warp counts as a
-    whole warpgroup) and, where the ring leaves room for two CTAs per SM, over two CTAs; at most 232, what the
-    consumers can be given while the producer keeps PRODUCER_REGISTERS."""
-    ring_bytes = num_stages * (block_m * BLOCK_K * 2 + 16 * num_warps * BLOCK_K // 2)
-    ctas = 2 if num_warps == 4 and ring_bytes <= 110 * 1024 else 1
+    whole warpgroup) and over the CTAs an SM holds; at most 232, what the consumers can be given while the producer
+    keeps PRODUCER_REGISTERS."""
+    ctas = producer_ctas_per_sm(block_m, num_warps, num_stages)
     return min(232, 65536 // (32 * (num_warps + 4) * ctas) // 8 * 8)
+
+
+def last_wave_rows(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, TileConfig] | None:
+    """Where a producer-form launch would end in a partial wave (tiles past a multiple of the CTAs the GPU holds at
+    once, running while the other SMs idle): (rows, config for the rest). Weight rows [0, rows) fill whole waves
+    with `config`; the rows after them form a second launch with smaller token tiles, more tiles with less work
+    each. Of last_wave_configs, the one whose busiest SM gets the fewest tokens (tiles per SM x tokens per tile; a
+    tie goes to the larger tiles, which dequantize each weight tile for more tokens), if fewer than the partial
+    wave's own; else None, as where the tiles fill no whole wave."""
+    slots = sms * producer_ctas_per_sm(config.block_m, config.num_warps, config.num_stages)
+    token_tiles = triton.cdiv(m, config.block_m)
+    row_tiles = triton.cdiv(n, config.block_n)
+    waves = row_tiles * token_tiles // slots
+    full_rows = waves * slots // token_tiles  # row tiles whose tiles fill the whole waves
+    if waves == 0 or full_rows >= row_tiles:
+        return None
+
+    def busiest_sm_tokens(block_m: int) -> int:
+        return triton.cdiv((row_tiles - full_rows) * triton.cdiv(m, block_m), sms) * block_m
+
+    best, fewest = None, busiest_sm_tokens(config.block_m)
+    for rest in last_wave_configs(config):
+        if busiest_sm_tokens(rest.block_m) < fewest:
+            best, fewest = rest, busiest_sm_tokens(rest.block_m)
+    return None if best is None else (full_rows * config.block_n, best)
 
 
 @triton.jit
@@ -605,6 +642,11 @@ def unsupported_reason(device: torch.device) -> str | None:
     return None
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileConfig,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch on a validated, row-contiguous x2d [M, K] with a `kernel == "wgmma"` config; [M, N] in x's dtype."""
@@ -628,24 +670,40 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
         x_in = x2d if tma_ready else torch.empty((m, k), dtype=x2d.dtype, device=x2d.device).copy_(x2d)
     else:
         x_in = operand_order(x2d)
+    plan = last_wave_rows(config, m, n, k, _sm_count(x2d.device))
+    if plan is None:
+        _launch_rows(x_in, qw, 0, n, bias, config, out, m, k)
+    else:  # whole waves, then the rows of the last one in smaller tiles
+        rows, rest = plan
+        _launch_rows(x_in, qw, 0, rows, bias, config, out, m, k)
+        _launch_rows(x_in, qw, rows, n, bias, rest, out, m, k)
+    return out
+
+
+def _launch_rows(x_in, qw, start: int, stop: int, bias, config: TileConfig, out: torch.Tensor, m: int,
+                 k: int) -> None:
+    """One launch for weight rows [start, stop): out[:, start:stop] = x @ W[start:stop]^T (+ bias)."""
+    n = stop - start
     x_desc = None if config.x_gather else x_descriptor(x_in, config.block_m)
+    qweight, scales = qw.qweight[start:stop], qw.scales[start:stop]
+    zeros = qw.zeros[start:stop] if qw.zeros is not None else scales  # never read when HAS_ZEROS is false
+    bias = bias[start:stop] if bias is not None else None
+    out = out[:, start:stop]
     split_k = config.for_shape(m, n, k).split_k
-    target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x2d.device)
-    zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read when HAS_ZEROS is false
-    bias_or_any = bias if bias is not None else qw.scales  # never read when HAS_BIAS is false
+    target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
+    bias_or_any = bias if bias is not None else scales  # never read when HAS_BIAS is false
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
     common = dict(GROUP_SIZE=qw.group_size, HAS_ZEROS=qw.zeros is not None, HAS_BIAS=bias is not None,
                   BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, SPLIT_K=split_k,
                   WARPS=config.num_warps, num_warps=config.num_warps)
     if config.producer:
-        w_desc = weight_descriptor(qw.qweight, config)
+        w_desc = weight_descriptor(qweight, config)
         w4a16_wgmma_ws_kernel[grid](
-            x_desc, w_desc, qw.scales, zeros, bias_or_any, target, m, n, k, target.stride(-2), m * n, **common,
+            x_desc, w_desc, scales, zeros, bias_or_any, target, m, n, k, target.stride(-2), m * n, **common,
             X_NATURAL=config.x_natural, maxnreg=producer_max_registers(config.block_m, config.num_warps, config.num_stages))
     else:
         w4a16_wgmma_kernel[grid](
-            x_in, x_desc, qw.qweight, qw.scales, zeros, bias_or_any, target,
+            x_in, x_desc, qweight, scales, zeros, bias_or_any, target,
             m, n, k, x_in.stride(0), target.stride(-2), m * n, X_GATHER=config.x_gather, **common)
     if split_k > 1:
         add_splits(target, bias, out)
-    return out
