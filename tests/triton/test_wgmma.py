@@ -302,21 +302,19 @@ def _rest(config, block_m):
 
 @pytest.mark.parametrize(("config", "shape", "sms", "plan"), [
     # Llama-3.1-8B qkv at M = 512 on 132 SMs: 96 x 2 tiles of one CTA per SM; 66 row tiles fill the wave, the other
-    # 30 rows run as 120 tiles of 128 tokens, one per SM (as 240 of 64 tokens they would be two per SM: a tie).
+    # 30 rows run as 120 tiles of 128 tokens (as 240 of 64 tokens they would be more than one per SM).
     (_P256, (512, 6144, 4096), 132, (4224, _rest(_P256, 128))),
     # A partial row tile among the rows left.
     (_P256, (512, 64 * 95 + 8, 4096), 132, (4224, _rest(_P256, 128))),
-    # Qwen3-4B down at M = 1024: 40 x 4 tiles, 7 rows left: 112 tiles of 64 tokens still one per SM.
+    # Qwen3-4B down at M = 1024: 40 x 4 tiles, 7 rows left: even as 112 tiles of 64 tokens one per SM.
     (_P256, (1024, 2560, 9728), 132, (2112, _rest(_P256, 64))),
     # Two CTAs per SM (a 108 KB ring): 304 tiles on 264 slots; the 40 rows left as 80 tiles of 64 tokens.
     (_P128, (128, 19456, 2560), 132, (16896, _rest(_P128, 64))),
-    # 35 rows left: as 140 tiles of 128 tokens two on some SMs (256 tokens, a tie), as 280 of 64 tokens three (192).
-    (_P256, (512, 64 * 101, 4096), 132, (4224, _rest(_P256, 64))),
-    # None: the 80 tiles left at M = 256 are one per SM already, as 160 of 64 tokens two (a tie); 65 rows left,
-    # 256 tokens on the busiest SM with any tile; no whole wave; the waves full; a config that splits K; token tiles
+    # None: Qwen3-4B gate_up at M = 512, 40 rows left, 160 tiles of 128 tokens or 320 of 64, both more than the SMs;
+    # the same at M = 256 with 128-token tiles; no whole wave; the waves full; a config that splits K; token tiles
     # already the smallest; the non-producer form.
+    (_P256, (512, 19456, 2560), 132, None),
     (_P128, (256, 19456, 2560), 132, None),
-    (_P256, (512, 64 * 131, 4096), 132, None),
     (_P256, (512, 2560, 4096), 132, None),
     (_P256, (512, 64 * 132, 4096), 132, None),
     (dataclasses.replace(_P256, split_k=2), (512, 6144, 4096), 132, None),

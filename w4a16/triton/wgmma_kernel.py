@@ -554,10 +554,10 @@ def producer_max_registers(block_m: int, num_warps: int, num_stages: int) -> int
 def last_wave_rows(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, TileConfig] | None:
     """Where a producer-form launch would end in a partial wave (tiles past a multiple of the CTAs the GPU holds at
     once, running while the other SMs idle): (rows, config for the rest). Weight rows [0, rows) fill whole waves
-    with `config`; the rows after them form a second launch with smaller token tiles, more tiles with less work
-    each. Of last_wave_configs, the one whose busiest SM gets the fewest tokens (tiles per SM x tokens per tile; a
-    tie goes to the larger tiles, which dequantize each weight tile for more tokens), if fewer than the partial
-    wave's own; else None, as where the tiles fill no whole wave."""
+    with `config`; the rows after them form a second launch of last_wave_configs' smaller token tiles, the smallest
+    of them that still make at most one tile per SM. Not more: tiles of fewer tokens dequantize each weight tile for
+    fewer tokens, and two or three of them on an SM lost to one larger one (PERF.md). None where the tiles fill no
+    whole wave or no smaller tiles fit."""
     slots = sms * producer_ctas_per_sm(config.block_m, config.num_warps, config.num_stages)
     token_tiles = triton.cdiv(m, config.block_m)
     row_tiles = triton.cdiv(n, config.block_n)
@@ -565,15 +565,9 @@ def last_wave_rows(config: TileConfig, m: int, n: int, k: int, sms: int) -> tupl
     full_rows = waves * slots // token_tiles  # row tiles whose tiles fill the whole waves
     if waves == 0 or full_rows >= row_tiles:
         return None
-
-    def busiest_sm_tokens(block_m: int) -> int:
-        return triton.cdiv((row_tiles - full_rows) * triton.cdiv(m, block_m), sms) * block_m
-
-    best, fewest = None, busiest_sm_tokens(config.block_m)
-    for rest in last_wave_configs(config):
-        if busiest_sm_tokens(rest.block_m) < fewest:
-            best, fewest = rest, busiest_sm_tokens(rest.block_m)
-    return None if best is None else (full_rows * config.block_n, best)
+    fitting = [rest for rest in last_wave_configs(config)
+               if (row_tiles - full_rows) * triton.cdiv(m, rest.block_m) <= sms]
+    return (full_rows * config.block_n, fitting[-1]) if fitting else None
 
 
 @triton.jit
