@@ -328,29 +328,31 @@ def test_last_wave_rows_plan(config, shape, sms, plan):
     assert last_wave_rows(config, *shape, sms) == plan
 
 
-# (config, (M, N, K, G), SMs the launcher is told of): shapes small enough for a GPU test that end in a partial wave
-# on that many SMs, so the rows of the last wave run as a second launch of smaller token tiles (partial row and
-# token tiles among them).
+# (config, (M, N, K, G), SMs the launcher is told of, token tile of the second launch): shapes small enough for a GPU
+# test that end in a partial wave on that many SMs, so the rows of the last wave run as a second launch of smaller
+# token tiles (partial row and token tiles among them).
 LAST_WAVE = [
-    (_P256, (300, 200, 640, 64), 3),  # the last wave's rows in 128-token tiles
-    (_P256, (300, 200, 640, 64), 7),  # and in 64-token tiles
-    (TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 1, kernel="wgmma", producer=True), (130, 600, 1056, 32), 4),
-    (dataclasses.replace(_P128, x_natural=True), (100, 700, 1280, 128), 5),
+    (_P256, (300, 200, 640, 64), 3, 128),
+    (_P256, (300, 200, 640, 64), 7, 64),
+    (TileConfig(128, 128, WGMMA_BLOCK_K, 8, 4, 1, kernel="wgmma", producer=True), (130, 600, 1056, 32), 4, 64),
+    (dataclasses.replace(_P128, x_natural=True), (100, 700, 1280, 128), 5, 64),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
-@pytest.mark.parametrize(("config", "shape", "sms"), LAST_WAVE, ids=[f"M{s[0]}N{s[1]}K{s[2]}g{s[3]}sm{sms}" for _, s, sms in LAST_WAVE])
+@pytest.mark.parametrize(("config", "shape", "sms", "rest_block_m"), LAST_WAVE,
+                         ids=[f"M{s[0]}N{s[1]}K{s[2]}g{s[3]}sm{sms}" for _, s, sms, _ in LAST_WAVE])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_last_wave_rows_launched_apart(config, shape, sms, symmetric, dtype, generator, monkeypatch):
+def test_last_wave_rows_launched_apart(config, shape, sms, rest_block_m, symmetric, dtype, generator, monkeypatch):
     from w4a16.triton import wgmma_kernel
     from w4a16.triton.gemm_kernel import launch_gemm
 
     m, n, k, group_size = shape
     monkeypatch.setattr(wgmma_kernel, "_sm_count", lambda device: sms)
-    assert wgmma_kernel.last_wave_rows(config, m, n, k, sms) is not None  # the case takes the two launches
+    plan = wgmma_kernel.last_wave_rows(config, m, n, k, sms)
+    assert plan is not None and plan[1].block_m == rest_block_m  # the case takes the two launches it is meant to
     qw = random_weight(n, k, group_size, symmetric, dtype, "cuda", generator)
     x = random_activation(m, k, dtype, "cuda", generator)
     bias = torch.randn(n, generator=generator).to(dtype=dtype, device="cuda")
