@@ -163,13 +163,14 @@ LAST_WAVE_MIN_BLOCK_M = 64
 LAST_WAVE_STAGES = 4
 
 
-def last_wave_configs(config: TileConfig) -> list[TileConfig]:
+@functools.cache  # consulted by launches that end in a partial wave
+def last_wave_configs(config: TileConfig) -> tuple[TileConfig, ...]:
     """The configs a producer-form launch of `config` may give the rows of its last wave
     (wgmma_kernel.last_wave_rows), largest token tiles first; none for a config that splits K."""
     if not config.producer or config.split_k > 1:
-        return []
-    return [dataclasses.replace(config, block_m=config.block_m // d, num_stages=LAST_WAVE_STAGES)
-            for d in LAST_WAVE_TILE_DIVISORS if config.block_m // d >= LAST_WAVE_MIN_BLOCK_M]
+        return ()
+    return tuple(dataclasses.replace(config, block_m=config.block_m // d, num_stages=LAST_WAVE_STAGES)
+                 for d in LAST_WAVE_TILE_DIVISORS if config.block_m // d >= LAST_WAVE_MIN_BLOCK_M)
 
 
 @dataclasses.dataclass(frozen=True)
