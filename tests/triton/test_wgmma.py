@@ -325,7 +325,8 @@ def test_last_wave_rows_plan(config, shape, sms, plan):
     """Which weight rows fill whole waves, and the config the rest run with."""
     from w4a16.triton.wgmma_kernel import last_wave_rows
 
-    assert last_wave_rows(config, *shape, sms) == plan
+    m, n, _ = shape  # K does not enter the plan
+    assert last_wave_rows(config, m, n, sms) == plan
 
 
 # (config, (M, N, K, G), SMs the launcher is told of, token tile of the second launch): shapes small enough for a GPU
@@ -351,7 +352,7 @@ def test_last_wave_rows_launched_apart(config, shape, sms, rest_block_m, symmetr
 
     m, n, k, group_size = shape
     monkeypatch.setattr(wgmma_kernel, "_sm_count", lambda device: sms)
-    plan = wgmma_kernel.last_wave_rows(config, m, n, k, sms)
+    plan = wgmma_kernel.last_wave_rows(config, m, n, sms)
     assert plan is not None and plan[1].block_m == rest_block_m  # the case takes the two launches it is meant to
     qw = random_weight(n, k, group_size, symmetric, dtype, "cuda", generator)
     x = random_activation(m, k, dtype, "cuda", generator)

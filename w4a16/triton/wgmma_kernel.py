@@ -551,7 +551,7 @@ def producer_max_registers(block_m: int, num_warps: int, num_stages: int) -> int
     return min(232, 65536 // (32 * (num_warps + 4) * ctas) // 8 * 8)
 
 
-def last_wave_rows(config: TileConfig, m: int, n: int, k: int, sms: int) -> tuple[int, TileConfig] | None:
+def last_wave_rows(config: TileConfig, m: int, n: int, sms: int) -> tuple[int, TileConfig] | None:
     """Where a producer-form launch would end in a partial wave (tiles past a multiple of the CTAs the GPU holds at
     once, running while the other SMs idle): (rows, config for the rest). Weight rows [0, rows) fill whole waves
     with `config`; the rows after them form a second launch of last_wave_configs' smaller token tiles, the smallest
@@ -664,7 +664,7 @@ def launch_wgmma(x2d: torch.Tensor, qw, bias: torch.Tensor | None, config: TileC
         x_in = x2d if tma_ready else torch.empty((m, k), dtype=x2d.dtype, device=x2d.device).copy_(x2d)
     else:
         x_in = operand_order(x2d)
-    plan = last_wave_rows(config, m, n, k, _sm_count(x2d.device))
+    plan = last_wave_rows(config, m, n, _sm_count(x2d.device))
     if plan is None:
         _launch_rows(x_in, qw, 0, n, bias, config, out, m, k)
     else:  # whole waves, then the rows of the last one in smaller tiles
